@@ -1,0 +1,142 @@
+"""``EmbedClient``: a request/response facade over Kafka.
+
+    async with EmbedClient(bootstrap_servers="localhost:9092") as client:
+        vectors = await client.embed(["first text", "second text"], timeout=30)
+
+Many calls may run concurrently on one client; each is correlated with its result by a
+unique request id. Results go to one partition of the reply topic that this client reads
+(see ``producer_sdk.transport``), so separate clients do not receive each other's results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from producer_sdk.config import ClientConfig
+from producer_sdk.errors import ClientClosedError, EmbedError, EmbedTimeoutError
+from producer_sdk.pending import PendingCalls
+from producer_sdk.transport import Transport
+from schemas import EmbedRequest, ErrorResult, SchemaError, decode_result, encode_request
+from schemas.headers import routing_headers
+
+__all__ = ["EmbedClient"]
+
+log = structlog.get_logger("kembed.sdk")
+
+
+class EmbedClient:
+    def __init__(self, bootstrap_servers: str, **options: Any) -> None:
+        """Options are the fields of :class:`~producer_sdk.config.ClientConfig`."""
+        self.config = ClientConfig(bootstrap_servers=bootstrap_servers, **options)
+        self._pending = PendingCalls()
+        self._transport = Transport(self.config, self._on_reply)
+        self._started = False
+
+    async def __aenter__(self) -> EmbedClient:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await self._transport.start()
+        self._started = True
+
+    async def close(self) -> None:
+        if self._started:
+            self._started = False
+            self._pending.fail_all(ClientClosedError("the client was closed"))
+            await self._transport.stop()
+
+    @property
+    def reply_partition(self) -> int:
+        return self._transport.reply_partition
+
+    @property
+    def dropped_results(self) -> int:
+        """Results received but not waited for: late, duplicate, or another client's."""
+        return self._pending.dropped
+
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = None,
+        model: str | None = None,
+        normalize: bool = True,
+        truncate: bool = True,
+        dimensions: int | None = None,
+        prompt: str | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """Embed ``texts``; a float32 array of shape (len(texts), dim), in input order.
+
+        Raises EmbedError (with the wire ``code``) when the worker rejects the request,
+        EmbedTimeoutError when no result arrives within ``timeout`` seconds.
+        """
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise TypeError("texts must be a sequence of strings")
+        if not texts:
+            raise ValueError("texts must not be empty")
+        if not self._started:
+            raise ClientClosedError("the client is not started; use 'async with'")
+        wait = self.config.timeout if timeout is None else timeout
+        request = EmbedRequest(
+            id=uuid.uuid4().hex,
+            inputs=tuple(texts),
+            model=model or self.config.model,
+            normalize=normalize,
+            truncate=truncate,
+            dimensions=dimensions,
+            prompt=prompt,
+            deadline_ms=int((time.time() + wait) * 1000),
+            reply_to=self.config.reply_topic,
+            reply_partition=self.reply_partition,
+        )
+        result = await self._call(request, wait)
+        if isinstance(result, ErrorResult):
+            raise EmbedError(
+                str(result.error.code),
+                result.error.message,
+                index=result.error.index,
+                request_id=result.id,
+            )
+        flat = np.frombuffer(result.vectors, dtype="<f4")
+        return flat.reshape(result.count, result.dim).astype(np.float32)
+
+    async def _call(self, request: EmbedRequest, timeout: float) -> Any:
+        future = self._pending.add(request.id)
+        headers = routing_headers(request.id, request.reply_to, request.reply_partition)
+        try:
+            async with asyncio.timeout(timeout):
+                await self._transport.send(encode_request(request), headers)
+                return await future
+        except TimeoutError:
+            raise EmbedTimeoutError(request.id, timeout) from None
+        finally:
+            self._pending.discard(request.id)
+
+    def _on_reply(self, request_id: str | None, value: bytes) -> None:
+        if request_id is not None and request_id not in self._pending:
+            self._pending.dropped += 1  # someone else's, or late: skip without decoding
+            return
+        try:
+            result = decode_result(value)
+        except SchemaError as exc:
+            log.warning("result.malformed", error=exc.message)
+            return
+        self._pending.resolve(result)

@@ -1,0 +1,54 @@
+"""Exceptions raised by the producer SDK.
+
+Exception tree::
+
+    KembedError                  base of everything the SDK raises on purpose
+    ├── EmbedError               the worker answered with an error result (wire ``code``)
+    ├── EmbedTimeoutError        no result within the timeout (also a ``TimeoutError``)
+    └── ClientClosedError        the client was closed while the call waited
+"""
+
+from __future__ import annotations
+
+from schemas import ErrorCode
+
+__all__ = ["ClientClosedError", "EmbedError", "EmbedTimeoutError", "KembedError"]
+
+
+class KembedError(Exception):
+    """Base class of the SDK's exceptions."""
+
+
+class EmbedError(KembedError):
+    """The worker could not embed the request; ``code`` is the stable wire code."""
+
+    def __init__(
+        self, code: str, message: str, *, index: int | None = None, request_id: str = ""
+    ) -> None:
+        where = f" (input {index})" if index is not None else ""
+        super().__init__(f"{code}: {message}{where}")
+        self.code = code
+        self.message = message
+        self.index = index
+        self.request_id = request_id
+
+    @property
+    def retriable(self) -> bool:
+        """Whether the same request may succeed if sent again (unknown codes: yes)."""
+        try:
+            return ErrorCode(self.code).retriable
+        except ValueError:
+            return True
+
+
+class EmbedTimeoutError(KembedError, TimeoutError):
+    """No result arrived in time; a result arriving later is dropped."""
+
+    def __init__(self, request_id: str, timeout: float) -> None:
+        super().__init__(f"no result for request {request_id} within {timeout:g} s")
+        self.request_id = request_id
+        self.timeout = timeout
+
+
+class ClientClosedError(KembedError):
+    """The client was closed (or never started) while a call needed it."""

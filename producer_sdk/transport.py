@@ -1,0 +1,95 @@
+"""Kafka plumbing of the client: a request producer and a reply-partition reader.
+
+Replies are routed by partition: the client reads exactly one partition of the reply topic
+(assigned, not subscribed: no consumer group, no rebalances) and asks workers to answer
+there (``reply_partition``). Clients that share a partition skip each other's results by
+the ``kafka_correlationId`` header without decoding them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Callable, Sequence
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from producer_sdk.config import ClientConfig
+from schemas.headers import CORRELATION_ID
+
+__all__ = ["Transport"]
+
+ReplyHandler = Callable[[str | None, bytes], None]
+
+
+class Transport:
+    def __init__(self, config: ClientConfig, on_reply: ReplyHandler) -> None:
+        self._config = config
+        self._on_reply = on_reply
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=config.bootstrap_servers,
+            client_id=config.client_id,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=config.linger_ms,
+        )
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=config.bootstrap_servers,
+            client_id=config.client_id,
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=config.fetch_max_wait_ms,
+        )
+        self._reader: asyncio.Task[None] | None = None
+        self.reply_partition = -1
+
+    async def start(self) -> None:
+        await self._producer.start()
+        try:
+            partitions = await self._producer.partitions_for(self._config.reply_topic)
+            chosen = self._config.reply_partition
+            if chosen is None:
+                chosen = random.choice(sorted(partitions))
+            elif chosen not in partitions:
+                raise ValueError(
+                    f"reply_partition {chosen} is not a partition of {self._config.reply_topic!r}"
+                )
+            self.reply_partition = chosen
+            await self._consumer.start()
+            tp = TopicPartition(self._config.reply_topic, chosen)
+            self._consumer.assign([tp])
+            # Pin the position before any request goes out, so no reply can slip past it.
+            await self._consumer.seek_to_end(tp)
+            await self._consumer.position(tp)
+        except BaseException:
+            await self.stop()
+            raise
+        self._reader = asyncio.create_task(self._read_replies(), name="kembed-replies")
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+            self._reader = None
+        await self._consumer.stop()
+        await self._producer.stop()
+
+    async def send(self, value: bytes, headers: Sequence[tuple[str, bytes]]) -> None:
+        """Return once the request is durably in Kafka (acknowledged by all in-sync replicas)."""
+        await self._producer.send_and_wait(
+            self._config.requests_topic, value, headers=list(headers)
+        )
+
+    async def _read_replies(self) -> None:
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=1000)
+            for records in batches.values():
+                for record in records:
+                    request_id = None
+                    for name, value in record.headers or ():
+                        if name == CORRELATION_ID:
+                            request_id = value.decode("utf-8", "replace")
+                    if record.value is not None:
+                        self._on_reply(request_id, record.value)

@@ -1,0 +1,30 @@
+"""kembed wire format: versioned msgpack messages. Depends on msgpack and the stdlib only."""
+
+from schemas.codec import decode_request, decode_result, encode_request, encode_result
+from schemas.errors import Envelope, ErrorCode, SchemaError
+from schemas.v1 import (
+    DEFAULT_RESULTS_TOPIC,
+    VERSION,
+    EmbedRequest,
+    EmbedResult,
+    ErrorInfo,
+    ErrorResult,
+    Result,
+)
+
+__all__ = [
+    "DEFAULT_RESULTS_TOPIC",
+    "VERSION",
+    "EmbedRequest",
+    "EmbedResult",
+    "Envelope",
+    "ErrorCode",
+    "ErrorInfo",
+    "ErrorResult",
+    "Result",
+    "SchemaError",
+    "decode_request",
+    "decode_result",
+    "encode_request",
+    "encode_result",
+]

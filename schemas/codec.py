@@ -1,0 +1,382 @@
+"""Bytes <-> wire-format v1 objects.
+
+Encoding is canonical: map keys in the order of ``schemas/README.md``, optional fields left
+out when they hold their default. Decoding accepts any key order, ignores unknown keys, and
+raises :class:`~schemas.errors.SchemaError` (and nothing else) for any input that is not a
+valid message, carrying whatever routing envelope could still be read.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import msgpack
+
+from schemas.errors import Envelope, ErrorCode, SchemaError
+from schemas.v1 import (
+    MAX_ID_BYTES,
+    MAX_TOPIC_LENGTH,
+    VERSION,
+    EmbedRequest,
+    EmbedResult,
+    ErrorInfo,
+    ErrorResult,
+    Key,
+    Result,
+)
+
+__all__ = [
+    "DTYPE_ITEMSIZE",
+    "decode_request",
+    "decode_result",
+    "encode_request",
+    "encode_result",
+    "is_valid_topic",
+]
+
+DTYPE_ITEMSIZE = {"float32": 4}
+_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
+_T = TypeVar("_T")
+
+
+def is_valid_topic(name: str) -> bool:
+    return (
+        0 < len(name) <= MAX_TOPIC_LENGTH
+        and name not in (".", "..")
+        and bool(_TOPIC.fullmatch(name))
+    )
+
+
+# ---------------------------------------------------------------------------- encoding
+
+
+def encode_request(request: EmbedRequest) -> bytes:
+    body: dict[str, Any] = {"v": VERSION, "id": request.id, "inputs": list(request.inputs)}
+    if request.model is not None:
+        body["model"] = request.model
+    if not request.normalize:
+        body["normalize"] = False
+    if not request.truncate:
+        body["truncate"] = False
+    _put(body, "dimensions", request.dimensions)
+    _put(body, "prompt", request.prompt)
+    _put(body, "deadline_ms", request.deadline_ms)
+    _put(body, "reply_to", request.reply_to)
+    _put(body, "reply_partition", request.reply_partition)
+    _put(body, "keys", None if request.keys is None else list(request.keys))
+    _put(body, "meta", request.meta)
+    return _pack(body)
+
+
+def encode_result(result: Result) -> bytes:
+    body: dict[str, Any] = {"v": VERSION, "id": result.id}
+    if isinstance(result, EmbedResult):
+        body["model"] = result.model
+        body["dim"] = result.dim
+        body["dtype"] = result.dtype
+        body["vectors"] = result.vectors
+        body["tokens"] = list(result.tokens)
+    else:
+        error: dict[str, Any] = {"code": str(result.error.code), "message": result.error.message}
+        _put(error, "index", result.error.index)
+        body["error"] = error
+    _put(body, "keys", None if result.keys is None else list(result.keys))
+    _put(body, "meta", result.meta)
+    return _pack(body)
+
+
+def _put(body: dict[str, Any], key: str, value: object) -> None:
+    if value is not None:
+        body[key] = value
+
+
+def _pack(body: dict[str, Any]) -> bytes:
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return packed
+
+
+# ---------------------------------------------------------------------------- decoding
+
+
+def decode_request(data: bytes) -> EmbedRequest:
+    """Parse and validate one request; raise SchemaError with the envelope when readable."""
+    body = _unpack_map(data)
+    envelope = _envelope(body)
+    try:
+        return _request_from_map(body)
+    except SchemaError as exc:
+        raise exc.with_envelope(envelope) from None
+
+
+def decode_result(data: bytes) -> Result:
+    """Parse one result (for clients); raise SchemaError when it is malformed."""
+    body = _unpack_map(data)
+    _check_version(body)
+    result_id = _required(body, "id", _id)
+    keys = _optional(body, "keys", _keys)
+    meta = _optional(body, "meta", _meta)
+    if body.get("error") is not None:
+        error = body["error"]
+        if not isinstance(error, dict):
+            _fail("'error' must be a map")
+        info = ErrorInfo(
+            code=_code(_required(error, "code", _str)),
+            message=_required(error, "message", _str),
+            index=_optional(error, "index", _non_negative),
+        )
+        return ErrorResult(id=result_id, error=info, keys=keys, meta=meta)
+    dim = _required(body, "dim", _positive)
+    dtype = _required(body, "dtype", _str)
+    vectors = _required(body, "vectors", _bin)
+    tokens = tuple(_required(body, "tokens", _int_list))
+    itemsize = DTYPE_ITEMSIZE.get(dtype)
+    if itemsize is None:
+        _fail(f"unknown dtype {dtype!r}")
+    if len(vectors) != len(tokens) * dim * itemsize:
+        _fail(f"'vectors' holds {len(vectors)} bytes, expected {len(tokens)} x {dim} {dtype}")
+    return EmbedResult(
+        id=result_id,
+        model=_required(body, "model", _str),
+        dim=dim,
+        vectors=vectors,
+        tokens=tokens,
+        dtype=dtype,
+        keys=keys,
+        meta=meta,
+    )
+
+
+def _unpack_map(data: bytes) -> dict[str, Any]:
+    try:
+        # Non-string keys are legal msgpack: nested in `meta` they are the caller's business,
+        # at the top level they are unknown fields and ignored.
+        body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except UnicodeDecodeError:
+        raise _invalid_utf8(data) from None
+    except Exception:  # noqa: BLE001 (msgpack raises many types for garbage; all mean "invalid")
+        _fail("message is not valid msgpack")
+    if not isinstance(body, dict):
+        _fail("message must be a msgpack map")
+    return body
+
+
+def _invalid_utf8(data: bytes) -> SchemaError:
+    """Name the field holding invalid UTF-8, keeping the envelope if it is itself intact."""
+    try:
+        body = msgpack.unpackb(
+            data, raw=False, strict_map_key=False, unicode_errors="surrogateescape"
+        )
+    except Exception:  # noqa: BLE001 (as above)
+        return SchemaError(ErrorCode.INVALID_REQUEST, "message is not valid msgpack")
+    if not isinstance(body, dict):
+        return SchemaError(ErrorCode.INVALID_REQUEST, "message must be a msgpack map")
+    index = None
+    inputs = body.get("inputs")
+    if isinstance(inputs, list):
+        index = next((i for i, s in enumerate(inputs) if isinstance(s, str) and not _utf8(s)), None)
+    where = "an input" if index is not None else "a string field"
+    clean = {k: v for k, v in body.items() if isinstance(k, str) and _utf8(k) and _clean(v)}
+    return SchemaError(
+        ErrorCode.INVALID_REQUEST,
+        f"{where} is not valid UTF-8",
+        index=index,
+        envelope=_envelope(clean),
+    )
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _clean(value: object) -> bool:
+    return not isinstance(value, str) or _utf8(value)
+
+
+def _envelope(body: dict[str, Any]) -> Envelope:
+    def get(key: str, check: Callable[[object], _T]) -> _T | None:
+        try:
+            return _optional(body, key, check)
+        except SchemaError:
+            return None
+
+    return Envelope(
+        id=get("id", _id),
+        reply_to=get("reply_to", _topic),
+        reply_partition=get("reply_partition", _non_negative),
+    )
+
+
+def _check_version(body: dict[str, Any]) -> None:
+    version = _required(body, "v", _int)
+    if version > VERSION:
+        raise SchemaError(
+            ErrorCode.UNSUPPORTED_VERSION,
+            f"version {version} is not supported; this worker speaks v{VERSION}",
+        )
+    if version != VERSION:
+        _fail(f"'v' must be {VERSION}")
+
+
+def _request_from_map(body: dict[str, Any]) -> EmbedRequest:
+    _check_version(body)
+    request_id = _required(body, "id", _id)
+    inputs = _required(body, "inputs", _inputs)
+    keys = _optional(body, "keys", _keys)
+    if keys is not None and len(keys) != len(inputs):
+        _fail(f"'keys' has {len(keys)} entries for {len(inputs)} inputs")
+    return EmbedRequest(
+        id=request_id,
+        inputs=inputs,
+        model=_optional(body, "model", _non_empty_str),
+        normalize=_flag(body, "normalize"),
+        truncate=_flag(body, "truncate"),
+        dimensions=_optional(body, "dimensions", _positive),
+        prompt=_optional(body, "prompt", _str),
+        deadline_ms=_optional(body, "deadline_ms", _non_negative),
+        reply_to=_optional(body, "reply_to", _topic),
+        reply_partition=_optional(body, "reply_partition", _non_negative),
+        keys=keys,
+        meta=_optional(body, "meta", _meta),
+    )
+
+
+def _fail(message: str, index: int | None = None) -> NoReturn:
+    raise SchemaError(ErrorCode.INVALID_REQUEST, message, index=index)
+
+
+def _required(body: dict[str, Any], key: str, check: Callable[[object], _T]) -> _T:
+    if key not in body:
+        _fail(f"missing required field {key!r}")
+    return _field(key, body[key], check)
+
+
+def _optional(body: dict[str, Any], key: str, check: Callable[[object], _T]) -> _T | None:
+    value = body.get(key)
+    if value is None:  # an explicit nil means "absent", as in most msgpack peers
+        return None
+    return _field(key, value, check)
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    """An optional boolean that defaults to true."""
+    value = _optional(body, key, _bool)
+    return True if value is None else value
+
+
+def _field(key: str, value: object, check: Callable[[object], _T]) -> _T:
+    try:
+        return check(value)
+    except _MistypedError as exc:
+        _fail(f"{key!r} {exc.args[0]}", index=exc.index)
+
+
+class _MistypedError(Exception):
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _MistypedError("must be an integer")
+    return value
+
+
+def _non_negative(value: object) -> int:
+    number = _int(value)
+    if number < 0:
+        raise _MistypedError("must be >= 0")
+    return number
+
+
+def _positive(value: object) -> int:
+    number = _int(value)
+    if number < 1:
+        raise _MistypedError("must be >= 1")
+    return number
+
+
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _MistypedError("must be a boolean")
+    return value
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise _MistypedError("must be a string")
+    return value
+
+
+def _non_empty_str(value: object) -> str:
+    text = _str(value)
+    if not text:
+        raise _MistypedError("must not be empty")
+    return text
+
+
+def _bin(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise _MistypedError("must be binary")
+    return value
+
+
+def _code(value: str) -> ErrorCode | str:
+    try:
+        return ErrorCode(value)
+    except ValueError:
+        return value  # a code newer than this client: keep it, callers treat it as internal
+
+
+def _id(value: object) -> str:
+    text = _non_empty_str(value)
+    if len(text.encode("utf-8")) > MAX_ID_BYTES:
+        raise _MistypedError(f"must be at most {MAX_ID_BYTES} bytes of UTF-8")
+    return text
+
+
+def _topic(value: object) -> str:
+    text = _str(value)
+    if not is_valid_topic(text):
+        raise _MistypedError("is not a valid Kafka topic name")
+    return text
+
+
+def _inputs(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise _MistypedError("must be an array of strings")
+    if not value:
+        raise _MistypedError("must hold at least one input")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise _MistypedError(f"[{index}] must be a string", index)
+        if not item:
+            raise _MistypedError(f"[{index}] must not be empty", index)
+    return tuple(value)
+
+
+def _keys(value: object) -> tuple[Key, ...]:
+    if not isinstance(value, list):
+        raise _MistypedError("must be an array")
+    for index, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, str | int):
+            raise _MistypedError(f"[{index}] must be a string or an integer", index)
+    return tuple(value)
+
+
+def _int_list(value: object) -> list[int]:
+    if not isinstance(value, list):
+        raise _MistypedError("must be an array of integers")
+    return [_int(item) for item in value]
+
+
+def _meta(value: object) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise _MistypedError("must be a map with string keys")
+    return value

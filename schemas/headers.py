@@ -1,0 +1,79 @@
+"""Kafka header names kembed reads and writes, and their value encodings.
+
+Request headers mirror the routing fields of the body so that routers, tracing tools and
+Spring's ``ReplyingKafkaTemplate`` can work without decoding msgpack, and so that a worker
+can still answer a message whose body it cannot read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from schemas.errors import Envelope
+
+__all__ = [
+    "CORRELATION_ID",
+    "DLQ_ERROR_CODE",
+    "DLQ_ERROR_MESSAGE",
+    "DLQ_OFFSET",
+    "DLQ_PARTITION",
+    "DLQ_TOPIC",
+    "REPLY_PARTITION",
+    "REPLY_TOPIC",
+    "Headers",
+    "envelope_from_headers",
+    "routing_headers",
+]
+
+Headers = Sequence[tuple[str, bytes]]
+
+CORRELATION_ID = "kafka_correlationId"
+"""The request id, UTF-8. Set on requests and on results."""
+REPLY_TOPIC = "kafka_replyTopic"
+"""The reply topic, UTF-8."""
+REPLY_PARTITION = "kafka_replyPartition"
+"""The reply partition, a 4-byte big-endian signed integer (Spring's encoding)."""
+
+DLQ_TOPIC = "kembed.dlq.topic"
+DLQ_PARTITION = "kembed.dlq.partition"
+DLQ_OFFSET = "kembed.dlq.offset"
+DLQ_ERROR_CODE = "kembed.dlq.error.code"
+DLQ_ERROR_MESSAGE = "kembed.dlq.error.message"
+"""Headers of a dead-lettered message: where it came from and why; numbers as decimal text."""
+
+
+def routing_headers(
+    request_id: str, reply_to: str | None = None, reply_partition: int | None = None
+) -> list[tuple[str, bytes]]:
+    headers = [(CORRELATION_ID, request_id.encode("utf-8"))]
+    if reply_to is not None:
+        headers.append((REPLY_TOPIC, reply_to.encode("utf-8")))
+    if reply_partition is not None:
+        headers.append((REPLY_PARTITION, reply_partition.to_bytes(4, "big", signed=True)))
+    return headers
+
+
+def envelope_from_headers(headers: Iterable[tuple[str, bytes]]) -> Envelope:
+    """Routing fields from headers; unreadable values are left out rather than guessed."""
+    found = dict(headers)
+    return Envelope(
+        id=_text(found.get(CORRELATION_ID)),
+        reply_to=_text(found.get(REPLY_TOPIC)),
+        reply_partition=_partition(found.get(REPLY_PARTITION)),
+    )
+
+
+def _text(value: bytes | None) -> str | None:
+    if not value:
+        return None
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _partition(value: bytes | None) -> int | None:
+    if value is None or len(value) != 4:
+        return None
+    number = int.from_bytes(value, "big", signed=True)
+    return number if number >= 0 else None

@@ -1,0 +1,115 @@
+"""Wire format v1: the messages, as plain immutable data.
+
+The byte layout (msgpack maps, field order, limits) is specified in ``schemas/README.md``;
+``schemas.codec`` turns these objects into bytes and back.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.errors import ErrorCode
+
+__all__ = [
+    "DEFAULT_RESULTS_TOPIC",
+    "MAX_ID_BYTES",
+    "MAX_TOPIC_LENGTH",
+    "VERSION",
+    "EmbedRequest",
+    "EmbedResult",
+    "ErrorInfo",
+    "ErrorResult",
+    "Result",
+    "pack_float32",
+    "unpack_float32",
+]
+
+VERSION = 1
+MAX_ID_BYTES = 256
+MAX_TOPIC_LENGTH = 249
+DEFAULT_RESULTS_TOPIC = "embed.results"
+
+Key = str | int
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    """One request: embed ``inputs`` and answer on ``reply_to`` under ``id``."""
+
+    id: str
+    inputs: tuple[str, ...]
+    model: str | None = None
+    normalize: bool = True
+    truncate: bool = True
+    dimensions: int | None = None
+    prompt: str | None = None
+    deadline_ms: int | None = None
+    reply_to: str | None = None
+    reply_partition: int | None = None
+    keys: tuple[Key, ...] | None = None
+    meta: dict[str, Any] | None = None
+
+    @property
+    def reply_topic(self) -> str:
+        return self.reply_to or DEFAULT_RESULTS_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    """The vectors for one request: ``len(tokens)`` rows of ``dim`` values, row-major."""
+
+    id: str
+    model: str
+    dim: int
+    vectors: bytes
+    tokens: tuple[int, ...]
+    dtype: str = "float32"
+    keys: tuple[Key, ...] | None = None
+    meta: dict[str, Any] | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    code: ErrorCode | str
+    message: str
+    index: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorResult:
+    """A request that produced no vectors; ``error.code`` says why."""
+
+    id: str
+    error: ErrorInfo
+    keys: tuple[Key, ...] | None = None
+    meta: dict[str, Any] | None = field(default=None)
+
+
+Result = EmbedResult | ErrorResult
+
+
+def pack_float32(values: array[float]) -> bytes:
+    """Little-endian float32 bytes of ``values`` (an ``array('f')``), whatever the host order."""
+    if values.typecode != "f":
+        raise TypeError("expected array('f')")
+    if sys.byteorder == "little":
+        return values.tobytes()
+    swapped = array("f", values)
+    swapped.byteswap()
+    return swapped.tobytes()
+
+
+def unpack_float32(blob: bytes) -> array[float]:
+    """The float32 values of a little-endian blob, for clients without numpy."""
+    values = array("f")
+    values.frombytes(blob)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values

@@ -1,0 +1,1 @@
+"""Project scripts: developer and CI helpers that are not part of the shipped packages."""

@@ -1,0 +1,275 @@
+"""Unit tests for worker.decode: a record becomes Accepted, Rejected (answered) or DeadLetter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from schemas import EmbedRequest, ErrorCode, encode_request
+from schemas.headers import routing_headers
+from worker.decode import Accepted, DeadLetter, Limits, Rejected, decode_record
+from worker.ports import Record
+
+NOW_MS = 1_700_000_000_000
+LIMITS = Limits(
+    max_request_bytes=4096,
+    max_client_batch_size=4,
+    model_names=frozenset({"minilm", "all-MiniLM-L6-v2"}),
+    dim=384,
+)
+
+
+def pack(body: dict[str, Any]) -> bytes:
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return packed
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"v": 1, "id": "req-1", "inputs": ["hello", "world"]}
+    base["reply_to"] = "client.replies"
+    base["reply_partition"] = 2
+    base.update(fields)
+    return {k: v for k, v in base.items() if v is not _DROP}
+
+
+_DROP: Any = object()
+
+
+def record(value: bytes | None, headers: list[tuple[str, bytes]] | None = None) -> Record:
+    return Record(
+        topic="embed.requests",
+        partition=3,
+        offset=42,
+        value=value,
+        headers=tuple(headers or ()),
+    )
+
+
+def decode(value: bytes | None, headers: list[tuple[str, bytes]] | None = None) -> object:
+    return decode_record(record(value, headers), LIMITS, NOW_MS)
+
+
+def rejected(result: object) -> Rejected:
+    assert isinstance(result, Rejected), result
+    return result
+
+
+def dead_letter(result: object) -> DeadLetter:
+    assert isinstance(result, DeadLetter), result
+    return result
+
+
+def test_valid_request_is_accepted() -> None:
+    """A well-formed request within every limit is accepted with all its fields."""
+    request = EmbedRequest(
+        id="req-1",
+        inputs=("a", "b"),
+        model="minilm",
+        normalize=False,
+        dimensions=128,
+        deadline_ms=NOW_MS + 5000,
+        reply_to="client.replies",
+        reply_partition=2,
+        keys=("k1", 2),
+        meta={"trace": "x"},
+    )
+    result = decode(encode_request(request))
+    assert isinstance(result, Accepted)
+    assert result.request == request
+
+
+def test_model_alias_and_full_dimensions_are_accepted() -> None:
+    """Any served model name is accepted, and dimensions equal to the model's dim is allowed."""
+    result = decode(pack(body(model="all-MiniLM-L6-v2", dimensions=384)))
+    assert isinstance(result, Accepted)
+    assert result.request.dimensions == 384
+
+
+def test_not_msgpack_without_headers_is_dead_lettered() -> None:
+    """Garbage with no correlation header cannot be answered and goes to the dead letters."""
+    result = dead_letter(decode(b"\xc1\xc1 definitely not msgpack"))
+    assert result.code == ErrorCode.INVALID_REQUEST
+    assert result.message
+
+
+def test_not_msgpack_with_routing_headers_is_answered() -> None:
+    """Garbage whose headers name a request id is answered to the header's reply topic."""
+    headers = routing_headers("hdr-7", "client.replies", 5)
+    result = rejected(decode(b"\xc1 not msgpack", headers))
+    assert result.request_id == "hdr-7"
+    assert result.reply_to == "client.replies"
+    assert result.reply_partition == 5
+    assert result.error.code == ErrorCode.INVALID_REQUEST
+
+
+def test_body_envelope_wins_over_headers() -> None:
+    """When the body's id is readable, the answer goes where the body says, not the headers."""
+    headers = routing_headers("hdr-7", "header.topic")
+    result = rejected(decode(pack(body(inputs=[])), headers))
+    assert result.request_id == "req-1"
+    assert result.reply_to == "client.replies"
+
+
+def test_missing_id_is_dead_lettered() -> None:
+    """A request without an id (and no headers) cannot be answered: dead letter."""
+    result = dead_letter(decode(pack(body(id=_DROP))))
+    assert result.code == ErrorCode.INVALID_REQUEST
+    assert "id" in result.message
+
+
+def test_not_a_map_is_dead_lettered() -> None:
+    """A msgpack value that is not a map, with no headers, is dead-lettered."""
+    value: bytes = msgpack.packb(["v", 1, "id", "req-1"])
+    result = dead_letter(decode(value))
+    assert result.code == ErrorCode.INVALID_REQUEST
+
+
+def test_empty_inputs_are_rejected_with_body_envelope() -> None:
+    """An empty inputs array is answered as invalid_request to the body's reply_to."""
+    result = rejected(decode(pack(body(inputs=[]))))
+    assert result.request_id == "req-1"
+    assert result.reply_to == "client.replies"
+    assert result.reply_partition == 2
+    assert result.error.code == ErrorCode.INVALID_REQUEST
+
+
+def test_non_string_input_is_rejected_with_its_index() -> None:
+    """A non-string input is invalid_request naming that input's index."""
+    result = rejected(decode(pack(body(inputs=["ok", "fine", 17]))))
+    assert result.request_id == "req-1"
+    assert result.reply_to == "client.replies"
+    assert result.error.code == ErrorCode.INVALID_REQUEST
+    assert result.error.index == 2
+
+
+def test_newer_version_is_unsupported_version() -> None:
+    """A request with v=2 is answered with unsupported_version to the body's reply_to."""
+    result = rejected(decode(pack(body(v=2))))
+    assert result.request_id == "req-1"
+    assert result.reply_to == "client.replies"
+    assert result.error.code == ErrorCode.UNSUPPORTED_VERSION
+
+
+def test_too_many_inputs() -> None:
+    """More inputs than max_client_batch_size is too_many_inputs, keeping keys and meta."""
+    inputs = [f"t{i}" for i in range(5)]
+    keys = list(range(5))
+    result = rejected(decode(pack(body(inputs=inputs, keys=keys, meta={"m": 1}))))
+    assert result.error.code == ErrorCode.TOO_MANY_INPUTS
+    assert result.request_id == "req-1"
+    assert result.reply_to == "client.replies"
+    assert result.keys == tuple(keys)
+    assert result.meta == {"m": 1}
+
+
+def test_exactly_max_client_batch_size_is_accepted() -> None:
+    """A request with exactly max_client_batch_size inputs is accepted."""
+    result = decode(pack(body(inputs=["a", "b", "c", "d"])))
+    assert isinstance(result, Accepted)
+
+
+def test_oversize_message_is_answered_via_headers() -> None:
+    """A message over max_request_bytes is message_too_large, answered via its headers."""
+    value = pack(body(inputs=["x" * 5000]))
+    assert len(value) > LIMITS.max_request_bytes
+    result = rejected(decode(value, routing_headers("hdr-9", "big.replies")))
+    assert result.error.code == ErrorCode.MESSAGE_TOO_LARGE
+    assert result.request_id == "hdr-9"
+    assert result.reply_to == "big.replies"
+
+
+def test_oversize_message_without_headers_is_dead_lettered() -> None:
+    """A message over max_request_bytes without routing headers is dead-lettered."""
+    result = dead_letter(decode(pack(body(inputs=["x" * 5000]))))
+    assert result.code == ErrorCode.MESSAGE_TOO_LARGE
+
+
+def test_message_of_exactly_max_request_bytes_is_decoded() -> None:
+    """A message exactly max_request_bytes long is not too large."""
+    # The pad's msgpack header grows with it, so search for the exact length.
+    value = next(
+        v
+        for n in range(LIMITS.max_request_bytes)
+        if len(v := pack(body(meta={"pad": "p" * n}))) == LIMITS.max_request_bytes
+    )
+    assert isinstance(decode(value), Accepted)
+    one_more = dead_letter(decode(value + b"\x00"))
+    assert one_more.code == ErrorCode.MESSAGE_TOO_LARGE
+
+
+def test_past_deadline_is_deadline_exceeded() -> None:
+    """A request whose deadline_ms is at or before now is answered with deadline_exceeded."""
+    for deadline in (NOW_MS, NOW_MS - 1, 0):
+        result = rejected(decode(pack(body(deadline_ms=deadline))))
+        assert result.error.code == ErrorCode.DEADLINE_EXCEEDED
+        assert result.request_id == "req-1"
+    assert isinstance(decode(pack(body(deadline_ms=NOW_MS + 1))), Accepted)
+
+
+def test_unknown_model() -> None:
+    """A request naming a model not served here is unknown_model."""
+    result = rejected(decode(pack(body(model="gpt-embed-9000"))))
+    assert result.error.code == ErrorCode.UNKNOWN_MODEL
+    assert result.reply_to == "client.replies"
+
+
+def test_dimensions_above_model_dim_is_invalid() -> None:
+    """Asking for more dimensions than the model has is invalid_request."""
+    result = rejected(decode(pack(body(dimensions=385))))
+    assert result.error.code == ErrorCode.INVALID_REQUEST
+    assert "dimensions" in result.error.message
+
+
+def _raw_str(data: bytes) -> bytes:
+    """A msgpack fixstr header followed by ``data`` as-is (which may be invalid UTF-8)."""
+    assert len(data) < 32
+    return bytes([0xA0 | len(data)]) + data
+
+
+def test_invalid_utf8_input_is_rejected_with_index_and_id() -> None:
+    """Invalid UTF-8 inside one input is invalid_request naming its index, id preserved."""
+    p = msgpack.packb
+    value = (
+        b"\x84"
+        + p("v")
+        + p(1)
+        + p("id")
+        + p("utf-req")
+        + p("reply_to")
+        + p("client.replies")
+        + p("inputs")
+        + b"\x93"
+        + p("fine")
+        + p("also fine")
+        + _raw_str(b"ab\xff\xfe")
+    )
+    result = rejected(decode(value))
+    assert result.request_id == "utf-req"
+    assert result.reply_to == "client.replies"
+    assert result.error.code == ErrorCode.INVALID_REQUEST
+    assert result.error.index == 2
+    assert "UTF-8" in result.error.message
+
+
+def test_invalid_utf8_id_falls_back_to_headers() -> None:
+    """Invalid UTF-8 in the id itself loses the body id; headers still allow an answer."""
+    p = msgpack.packb
+    value = b"\x83" + p("v") + p(1) + p("id") + _raw_str(b"\xff\xfe") + p("inputs") + p(["x"])
+    assert isinstance(decode(value), DeadLetter)
+    result = rejected(decode(value, routing_headers("hdr-id")))
+    assert result.request_id == "hdr-id"
+    assert result.error.code == ErrorCode.INVALID_REQUEST
+
+
+def test_tombstone_is_dead_lettered() -> None:
+    """A record with no value (a tombstone) is dead-lettered as invalid_request."""
+    result = dead_letter(decode(None))
+    assert result.code == ErrorCode.INVALID_REQUEST
+
+
+def test_tombstone_with_headers_is_answered() -> None:
+    """A tombstone that carries a correlation id is answered instead of dead-lettered."""
+    result = rejected(decode(None, routing_headers("hdr-t")))
+    assert result.request_id == "hdr-t"
+    assert result.error.code == ErrorCode.INVALID_REQUEST

@@ -1,0 +1,1 @@
+"""kembed worker: consumes embedding requests from Kafka and publishes vectors."""

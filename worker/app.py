@@ -1,0 +1,114 @@
+"""Composition root: builds the stages from settings, runs them, drains on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import structlog
+
+from worker.encoder import Encoder
+from worker.kafka.publisher import KafkaPublisher
+from worker.kafka.source import KafkaSource
+from worker.observability.logging import configure_logging, redacted
+from worker.pipeline import Pipeline
+from worker.settings import WorkerSettings
+from worker.tokenization import TextTokenizer
+
+__all__ = ["load_model", "run_worker"]
+
+log = structlog.get_logger("kembed.worker")
+
+# Kafka's record overhead on top of the value, for the producer's request-size limit.
+_RECORD_OVERHEAD = 64 * 1024
+
+
+def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozenset[str]]:
+    """Load the encoder and tokenizer, and the names requests may use for the model."""
+    from worker.encoder.models import aliases_for, resolve_model_dir
+    from worker.encoder.torch_backend import TorchEncoder
+
+    model_dir = resolve_model_dir(settings.model)
+    probe = TextTokenizer.from_model_dir(model_dir, 512)
+    encoder = TorchEncoder(
+        model_dir,
+        settings.served_name(),
+        device=settings.device,
+        dtype=settings.dtype,
+        max_seq_length=settings.max_seq_length,
+        pad_id=probe.pad_id,
+        threads=settings.torch_threads,
+    )
+    tokenizer = TextTokenizer.from_model_dir(model_dir, encoder.info.max_seq_length)
+    names = frozenset({settings.served_name(), settings.model, *aliases_for(settings.model)})
+    return encoder, tokenizer, names
+
+
+def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
+    """Run the largest batch shape once, so the first real request pays no start-up cost."""
+    length = encoder.info.max_seq_length
+    rows = max(1, min(settings.max_batch_size, settings.max_batch_tokens // length))
+    encoder.encode([[0] * length] * rows)
+
+
+async def run_worker(settings: WorkerSettings) -> None:
+    configure_logging(settings.log_level, settings.log_format)
+    log.info("worker.starting", settings=redacted(settings.model_dump()))
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    encoder, tokenizer, names = await loop.run_in_executor(None, load_model, settings)
+    loaded = time.monotonic()
+    await loop.run_in_executor(None, warm_up, encoder, settings)
+    log.info(
+        "model.loaded",
+        model=encoder.info.name,
+        dim=encoder.info.dim,
+        dtype=encoder.info.dtype,
+        device=encoder.info.device,
+        max_seq_length=encoder.info.max_seq_length,
+        pooling=encoder.info.pooling,
+        load_s=round(loaded - started, 3),
+        warmup_s=round(time.monotonic() - loaded, 3),
+    )
+    publisher = KafkaPublisher(
+        settings.bootstrap_servers,
+        client_id=settings.client_id,
+        linger_ms=settings.linger_ms,
+        max_request_size=settings.max_result_bytes + _RECORD_OVERHEAD,
+    )
+    source = KafkaSource(
+        settings.bootstrap_servers,
+        [settings.requests_topic],
+        group_id=settings.group_id,
+        client_id=settings.client_id,
+        max_poll_interval_ms=settings.max_poll_interval_ms,
+        session_timeout_ms=settings.session_timeout_ms,
+        heartbeat_interval_ms=settings.heartbeat_interval_ms,
+    )
+    pipeline = Pipeline(
+        source=source,
+        publisher=publisher,
+        tokenizer=tokenizer,
+        encoder=encoder,
+        settings=settings,
+        model_names=names,
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _stop, pipeline, sig)
+    await publisher.start()
+    try:
+        await source.start(pipeline.on_revoked, pipeline.on_assigned)
+        log.info("worker.started", topic=settings.requests_topic, group_id=settings.group_id)
+        try:
+            await pipeline.run()
+        finally:
+            await source.stop()
+    finally:
+        await publisher.stop()
+    log.info("worker.stopped")
+
+
+def _stop(pipeline: Pipeline, sig: signal.Signals) -> None:
+    log.info("worker.stopping", signal=sig.name)
+    pipeline.stop()

@@ -1,0 +1,123 @@
+"""Batch stage: group waiting inputs into token-budgeted, length-homogeneous batches.
+
+Cost model: a padded encoder computes ``len(batch) * longest`` tokens, so a batch is built
+around the oldest waiting input (which bounds every input's wait) from its neighbours in
+length order, adding at each step the neighbour that wastes the fewest padded tokens, until
+the next one would exceed ``max_batch_tokens`` or ``max_batch_size``. An input longer than
+the budget still forms a batch of its own: nothing can wait forever.
+
+The core (:class:`Batcher`) is pure and synchronous; the pipeline decides *when* to cut a
+batch (:meth:`Batcher.ready`) and runs the encoder.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+__all__ = ["Batcher", "Item"]
+
+J = TypeVar("J")
+
+
+@dataclass(slots=True, eq=False)
+class Item(Generic[J]):
+    """One input waiting to be encoded: input ``index`` of request ``job``."""
+
+    job: J
+    index: int
+    ids: Sequence[int]
+    enqueued: float
+    seq: int = field(default=0)
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+
+class Batcher(Generic[J]):
+    def __init__(self, max_batch_tokens: int, max_batch_size: int, window: int = 0) -> None:
+        if max_batch_tokens < 1 or max_batch_size < 1:
+            raise ValueError("batch limits must be positive")
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        # How many of the oldest inputs are candidates for one batch: enough to find
+        # similar lengths, bounded so that building a batch stays cheap.
+        self.window = window or max(4 * max_batch_size, 256)
+        self._waiting: dict[int, Item[J]] = {}  # insertion-ordered: oldest first
+        self._seq = 0
+        self._tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def waiting_tokens(self) -> int:
+        return self._tokens
+
+    def add(self, item: Item[J]) -> None:
+        item.seq = self._seq
+        self._seq += 1
+        self._waiting[item.seq] = item
+        self._tokens += item.length
+
+    def oldest_enqueued(self) -> float | None:
+        for item in self._waiting.values():
+            return item.enqueued
+        return None
+
+    def ready(self, now: float, max_wait: float) -> bool:
+        """Whether a batch should be cut now: it would be full, or the oldest waited enough."""
+        oldest = self.oldest_enqueued()
+        if oldest is None:
+            return False
+        if now - oldest >= max_wait or len(self._waiting) >= self.max_batch_size:
+            return True
+        longest = max(item.length for item in self._waiting.values())
+        return len(self._waiting) * longest >= self.max_batch_tokens
+
+    def next_batch(self) -> list[Item[J]]:
+        """Remove and return the next batch (empty if nothing waits)."""
+        if not self._waiting:
+            return []
+        candidates = self._window()
+        candidates.sort(key=lambda it: (it.length, it.seq))
+        lengths = [it.length for it in candidates]
+        oldest = min(candidates, key=lambda it: it.seq)
+        lo = bisect.bisect_left(lengths, oldest.length)
+        while candidates[lo] is not oldest:
+            lo += 1
+        hi = lo + 1  # the batch is candidates[lo:hi]
+        longest = oldest.length
+        while hi - lo < self.max_batch_size:
+            # Shorter neighbour: padded to `longest`. Longer neighbour: everyone padded more.
+            size = hi - lo + 1
+            left_ok = lo > 0 and size * longest <= self.max_batch_tokens
+            right_ok = hi < len(lengths) and size * lengths[hi] <= self.max_batch_tokens
+            if left_ok and right_ok:
+                waste_left = longest - lengths[lo - 1]
+                waste_right = (hi - lo) * (lengths[hi] - longest)
+                left_ok = waste_left <= waste_right
+                right_ok = not left_ok
+            if left_ok:
+                lo -= 1
+            elif right_ok:
+                longest = lengths[hi]
+                hi += 1
+            else:
+                break
+        batch = candidates[lo:hi]
+        for item in batch:
+            del self._waiting[item.seq]
+            self._tokens -= item.length
+        return batch
+
+    def _window(self) -> list[Item[J]]:
+        items: list[Item[J]] = []
+        for item in self._waiting.values():
+            items.append(item)
+            if len(items) >= self.window:
+                break
+        return items

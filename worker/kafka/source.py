@@ -1,0 +1,92 @@
+"""Request source: a manually committed aiokafka consumer behind the ``Source`` port.
+
+Auto-commit is off: offsets are committed by the pipeline only up to the first request
+whose answer the broker has not acknowledged. Partition revocation is handed to the
+pipeline, which finishes (or gives up on) that partition's work before it moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import TopicPartition as KafkaTP
+
+from worker.ports import Record, TopicPartition
+
+__all__ = ["KafkaSource"]
+
+PartitionsHook = Callable[[set[TopicPartition]], Awaitable[None]]
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, on_revoked: PartitionsHook, on_assigned: PartitionsHook) -> None:
+        self._on_revoked = on_revoked
+        self._on_assigned = on_assigned
+
+    async def on_partitions_revoked(self, revoked: set[KafkaTP]) -> None:
+        await self._on_revoked({(tp.topic, tp.partition) for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: set[KafkaTP]) -> None:
+        await self._on_assigned({(tp.topic, tp.partition) for tp in assigned})
+
+
+class KafkaSource:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topics: list[str],
+        *,
+        group_id: str,
+        client_id: str,
+        max_poll_interval_ms: int,
+        session_timeout_ms: int,
+        heartbeat_interval_ms: int,
+    ) -> None:
+        self._topics = topics
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap_servers,
+            group_id=group_id,
+            client_id=client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",  # requests sent before any worker ran still count
+            max_poll_interval_ms=max_poll_interval_ms,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+        )
+
+    async def start(self, on_revoked: PartitionsHook, on_assigned: PartitionsHook) -> None:
+        await self._consumer.start()
+        self._consumer.subscribe(self._topics, listener=_Listener(on_revoked, on_assigned))
+
+    async def stop(self) -> None:
+        """Leave the group (the broker reassigns our partitions at once)."""
+        await self._consumer.stop()
+
+    async def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
+        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        return [
+            Record(
+                topic=r.topic,
+                partition=r.partition,
+                offset=r.offset,
+                value=r.value,
+                headers=tuple(r.headers or ()),
+                timestamp_ms=r.timestamp,
+                key=r.key,
+            )
+            for records in batches.values()
+            for r in records
+        ]
+
+    def assignment(self) -> set[TopicPartition]:
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def pause(self, partitions: set[TopicPartition]) -> None:
+        self._consumer.pause(*(KafkaTP(t, p) for t, p in partitions))
+
+    def resume(self, partitions: set[TopicPartition]) -> None:
+        self._consumer.resume(*(KafkaTP(t, p) for t, p in partitions))
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        await self._consumer.commit({KafkaTP(t, p): o for (t, p), o in offsets.items()})

@@ -1,0 +1,1 @@
+"""Logging (and, later, metrics and health) for the worker."""

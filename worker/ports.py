@@ -1,0 +1,67 @@
+"""What the pipeline needs from the outside world, as data and Protocols.
+
+Only ``worker.kafka`` implements these with aiokafka; the stages and their tests see these
+types alone, so a stage can be tested with a fake source and publisher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Publisher", "PublishError", "Record", "Source", "TopicPartition"]
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int = 0
+    key: bytes | None = None
+
+    @property
+    def tp(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+
+class PublishError(Exception):
+    """A message could not be written; ``reason`` is safe to log and to put in a header."""
+
+    def __init__(self, reason: str, *, retriable: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retriable = retriable
+
+
+class Publisher(Protocol):
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        """Return once the broker acknowledged the message; raise PublishError otherwise."""
+        ...
+
+
+class Source(Protocol):
+    async def poll(self, timeout_ms: int, max_records: int) -> list[Record]: ...
+
+    def assignment(self) -> set[TopicPartition]: ...
+
+    def pause(self, partitions: set[TopicPartition]) -> None: ...
+
+    def resume(self, partitions: set[TopicPartition]) -> None: ...
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Commit the given next-offsets-to-read (Kafka's convention)."""
+        ...

@@ -1,0 +1,148 @@
+"""Worker settings: every field is an env var ``KEMBED_<NAME>`` and a ``kembed worker`` flag.
+
+The field descriptions are the help text of both, so they say what the knob trades off,
+not just what it is.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["DEFAULT_MODEL", "WorkerSettings"]
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KEMBED_", extra="ignore", frozen=True)
+
+    # ------------------------------------------------------------------ Kafka
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers, comma separated host:port."
+    )
+    requests_topic: str = Field("embed.requests", description="Topic the worker consumes.")
+    results_topic: str = Field(
+        "embed.results", description="Topic for results of requests that name no reply_to."
+    )
+    dlq_topic: str = Field(
+        "embed.requests.dlq",
+        description="Dead-letter topic for messages that cannot be answered (no id, or the "
+        "reply topic cannot be written). Headers name origin and reason.",
+    )
+    group_id: str = Field(
+        "kembed-workers",
+        description="Consumer group. Workers of one group share the request partitions; "
+        "scale out by adding workers (up to the partition count).",
+    )
+    client_id: str = Field("kembed-worker", description="Kafka client id (quotas, broker logs).")
+    max_poll_interval_ms: int = Field(
+        300_000,
+        gt=0,
+        description="Kafka max.poll.interval.ms. Fetching continues during inference, so this "
+        "only bounds a stalled worker; keep it above the slowest batch.",
+    )
+    session_timeout_ms: int = Field(
+        45_000,
+        gt=0,
+        description="Kafka session.timeout.ms: how long a dead worker holds its partitions.",
+    )
+    heartbeat_interval_ms: int = Field(3_000, gt=0, description="Kafka heartbeat.interval.ms.")
+    fetch_max_records: int = Field(
+        500, gt=0, description="Most records taken from the consumer per poll."
+    )
+    linger_ms: int = Field(
+        0,
+        ge=0,
+        description="Producer linger.ms for results. 0 answers interactive callers soonest; "
+        "a few ms packs more results per produce request under heavy load.",
+    )
+
+    # ------------------------------------------------------------------ model
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="Model to serve: a local sentence-transformers or Hugging Face model "
+        "directory, a model id present in the local Hugging Face cache, or the bundled "
+        f"default {DEFAULT_MODEL}.",
+    )
+    model_name: str | None = Field(
+        None,
+        description="Name the model is served under (requests' `model`, results' `model`). "
+        "Default: the `model` setting.",
+    )
+    device: str = Field("auto", description="torch device: auto (cuda if present), cpu, cuda:N.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="Weights and activations precision. float32 is exact; bfloat16/float16 "
+        "trade a little accuracy for speed on hardware that supports them.",
+    )
+    max_seq_length: int | None = Field(
+        None,
+        gt=0,
+        description="Cap on tokens per input (default: the model's own maximum). Longer "
+        "inputs are truncated, or rejected when the request says truncate=false.",
+    )
+    torch_threads: int | None = Field(
+        None, gt=0, description="torch intra-op threads (default: torch's choice)."
+    )
+
+    # ------------------------------------------------------------------ batching
+    max_batch_tokens: int = Field(
+        4096,
+        gt=0,
+        description="Budget of a batch as padded tokens (inputs x longest input). Larger "
+        "batches raise throughput until the device saturates, and add latency.",
+    )
+    max_batch_size: int = Field(128, gt=0, description="Most inputs in one batch.")
+    max_batch_wait_ms: float = Field(
+        2.0,
+        ge=0,
+        description="How long the oldest waiting input may wait for company before its batch "
+        "is closed anyway. Higher packs fuller batches at low load; adds that much latency.",
+    )
+    max_client_batch_size: int = Field(
+        512,
+        gt=0,
+        description="Most inputs in one request; more is a too_many_inputs error.",
+    )
+    max_inflight_inputs: int = Field(
+        8192,
+        gt=0,
+        description="Inputs accepted but not yet answered. Above it the worker pauses its "
+        "partitions, so memory stays bounded and the backlog stays in Kafka.",
+    )
+    max_request_bytes: int = Field(
+        4 * 1024 * 1024,
+        gt=0,
+        description="Largest request message accepted; larger is a message_too_large error.",
+    )
+    max_result_bytes: int = Field(
+        1_000_000,
+        gt=0,
+        description="Largest result message produced; keep below the reply topic's "
+        "max.message.bytes. A larger result becomes a result_too_large error.",
+    )
+
+    # ------------------------------------------------------------------ lifecycle
+    shutdown_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="On SIGTERM or a partition revocation: how long to finish and publish "
+        "in-flight requests before leaving them to be redelivered.",
+    )
+    commit_interval_ms: int = Field(
+        200, gt=0, description="How often acknowledged offsets are committed."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level."
+    )
+    log_format: Literal["auto", "json", "console"] = Field(
+        "auto",
+        description="json for production (one object per line), console for people; auto "
+        "picks console on a terminal and json otherwise.",
+    )
+
+    def served_name(self) -> str:
+        return self.model_name or self.model

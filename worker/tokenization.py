@@ -1,0 +1,46 @@
+"""Tokenize stage: texts to token ids with the model's fast (Rust) tokenizer.
+
+``encode_batch`` releases the GIL and runs on several threads, so the pipeline calls
+:meth:`TextTokenizer.encode` from a thread pool and the event loop keeps fetching and
+publishing meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+__all__ = ["TextTokenizer", "Tokenized"]
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenized:
+    ids: list[int]
+    truncated: bool
+    """True when the text was longer than the model's maximum and was cut."""
+
+
+class TextTokenizer:
+    def __init__(self, tokenizer: Tokenizer, max_length: int) -> None:
+        self._tokenizer = tokenizer
+        padding = tokenizer.padding
+        self.pad_id = int(padding["pad_id"]) if padding else 0
+        # The model's own limit, not tokenizer.json's (which often says 128 for 256-token
+        # models); special tokens count, as in sentence-transformers.
+        self._tokenizer.enable_truncation(max_length=max_length)
+        self._tokenizer.no_padding()
+        self.max_length = max_length
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path, max_length: int) -> TextTokenizer:
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{model_dir} has no tokenizer.json (a fast tokenizer)")
+        return cls(Tokenizer.from_file(str(path)), max_length)
+
+    def encode(self, texts: Sequence[str]) -> list[Tokenized]:
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=True)
+        return [Tokenized(enc.ids, bool(enc.overflowing)) for enc in encodings]
