@@ -76,6 +76,7 @@ class TopicSpec:
 DEFAULT_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("embed.requests", 4),
     TopicSpec("embed.results", 8),
+    TopicSpec("embed.requests.bulk", 4),
     TopicSpec("embed.requests.dlq", 1),
 )
 

@@ -114,8 +114,11 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
 
 @pytest.fixture(scope="session")
 def worker(kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    """One worker on the default topics, shared by the end-to-end tests."""
-    process = WorkerProcess(kafka.bootstrap_servers, tmp_path_factory.mktemp("w") / "worker.log")
+    """One fp32 worker on the default topics, shared by the end-to-end tests (fp32 so that
+    its vectors can be held to the in-process sentence-transformers ones exactly)."""
+    process = WorkerProcess(
+        kafka.bootstrap_servers, tmp_path_factory.mktemp("w") / "worker.log", dtype="float32"
+    )
     try:
         process.wait_ready()
         yield process

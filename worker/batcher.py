@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-__all__ = ["Batcher", "Item"]
+__all__ = ["BULK", "INTERACTIVE", "Batcher", "Item", "LaneScheduler"]
 
 J = TypeVar("J")
 
@@ -62,6 +62,14 @@ class Batcher(Generic[J]):
         self._seq += 1
         self._waiting[item.seq] = item
         self._tokens += item.length
+
+    def put_back(self, items: list[Item[J]]) -> None:
+        """Return a batch that was cut but not run; items keep their age and place."""
+        for item in items:
+            self._waiting[item.seq] = item
+            self._tokens += item.length
+        # Keep oldest-first order, which the window and oldest_enqueued rely on.
+        self._waiting = dict(sorted(self._waiting.items()))
 
     def oldest_enqueued(self) -> float | None:
         for item in self._waiting.values():
@@ -121,3 +129,71 @@ class Batcher(Generic[J]):
             if len(items) >= self.window:
                 break
         return items
+
+
+INTERACTIVE = "interactive"
+BULK = "bulk"
+
+
+class LaneScheduler(Generic[J]):
+    """Two lanes of batchers: interactive work first, bulk never starved.
+
+    When both lanes have a batch ready, interactive batches go first, but after
+    ``bulk_every - 1`` interactive batches in a row the next one is bulk, so a flood of
+    interactive traffic still leaves bulk ingestion at least 1/``bulk_every`` of the batches.
+    """
+
+    def __init__(self, max_batch_tokens: int, max_batch_size: int, bulk_every: int) -> None:
+        if bulk_every < 1:
+            raise ValueError("bulk_every must be >= 1")
+        self.lanes: dict[str, Batcher[J]] = {
+            INTERACTIVE: Batcher(max_batch_tokens, max_batch_size),
+            BULK: Batcher(max_batch_tokens, max_batch_size),
+        }
+        self.bulk_every = bulk_every
+        self._interactive_streak = 0
+        self._bulk_owed = False
+
+    def __len__(self) -> int:
+        return sum(len(lane) for lane in self.lanes.values())
+
+    def add(self, lane: str, item: Item[J]) -> None:
+        self.lanes[lane].add(item)
+
+    def put_back(self, lane: str, items: list[Item[J]]) -> None:
+        self.lanes[lane].put_back(items)
+
+    def preemptible(self, lane: str, now: float, max_wait: float) -> bool:
+        """Whether a cut but not yet running batch of ``lane`` should yield to interactive
+        work that became ready: only a bulk batch that was not owed to bulk's share."""
+        return lane == BULK and not self._bulk_owed and self.ready(INTERACTIVE, now, max_wait)
+
+    def ready(self, lane: str, now: float, max_wait: float) -> bool:
+        return self.lanes[lane].ready(now, max_wait)
+
+    def wake_at(self, prepared_lane: str | None, max_wait: float) -> float | None:
+        """When the next scheduling decision can change by the clock alone: with nothing
+        prepared, when some lane's oldest input reaches its maximum wait; with a preemptible
+        bulk batch prepared, when interactive work does; otherwise never (only new work or a
+        finished batch can change it)."""
+        if prepared_lane is None:
+            lanes = list(self.lanes.values())
+        elif prepared_lane == BULK and not self._bulk_owed:
+            lanes = [self.lanes[INTERACTIVE]]
+        else:
+            return None
+        oldest = [t for lane in lanes if (t := lane.oldest_enqueued()) is not None]
+        return min(oldest) + max_wait if oldest else None
+
+    def next_batch(self, now: float, max_wait: float) -> tuple[str, list[Item[J]]] | None:
+        """The lane and items of the next batch, or None when no lane is ready."""
+        interactive = self.ready(INTERACTIVE, now, max_wait)
+        bulk = self.ready(BULK, now, max_wait)
+        if interactive and not (bulk and self._interactive_streak >= self.bulk_every - 1):
+            self._interactive_streak += 1
+            return INTERACTIVE, self.lanes[INTERACTIVE].next_batch()
+        if bulk:
+            self._bulk_owed = interactive  # chosen over ready interactive work: bulk's share
+            self._interactive_streak = 0
+            return BULK, self.lanes[BULK].next_batch()
+        return None

@@ -2,15 +2,15 @@
 
 Three loops share one event loop:
 
-- fetch: polls records, decodes them, tokenizes accepted requests in a thread, and queues
-  their inputs in the batcher; pauses all partitions while too many inputs are in flight;
-- batch: cuts batches and runs the encoder on its own thread, so heartbeats, fetches and
-  publishes go on during inference; a finished request is published by its own task;
+- fetch: polls records, decodes them, tokenizes accepted requests in a thread (interactive
+  lane first), and queues their inputs in the lane scheduler; pauses a lane's partitions
+  while that lane has too many inputs in flight;
+- batch: keeps the encoder thread busy with exactly one batch prepared ahead of it; a
+  prepared bulk batch yields to interactive work that becomes ready meanwhile. torch
+  releases the GIL, so fetches, heartbeats and publishes go on during inference. A
+  finished request is published by its own task;
 - commit: commits, per partition, up to the first record not yet answered (acknowledged by
   the broker), so a crash redelivers rather than loses.
-
-A failure to write a result sends the request to the dead-letter topic; a failure to write
-that too is fatal (nothing is committed past it, so the request is redelivered on restart).
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ import numpy.typing as npt
 import structlog
 
 from schemas import EmbedRequest, ErrorCode, ErrorInfo
-from worker.batcher import Batcher, Item
-from worker.decode import Accepted, DeadLetter, Limits, Rejected, decode_record
-from worker.encoder import Encoder
+from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler
+from worker.decode import Accepted, Limits, Rejected, decode_record
+from worker.encoder import Encoder, Prepared
 from worker.offsets import OffsetTracker
-from worker.ports import Publisher, PublishError, Record, Source, TopicPartition
-from worker.publish import dead_letter_headers, encode_error, encode_vectors, result_headers
+from worker.ports import Publisher, Record, Source, TopicPartition
+from worker.publish import encode_error, encode_vectors
+from worker.replies import Replier, ReplyTo
 from worker.settings import WorkerSettings
 from worker.tokenization import TextTokenizer, Tokenized
 
@@ -48,10 +49,18 @@ class Job:
 
     record: Record
     request: EmbedRequest
+    lane: str
     vectors: npt.NDArray[np.float32]
     tokens: list[int]
     remaining: int
     settled: bool = field(default=False)
+
+
+@dataclass(slots=True)
+class _Batch:
+    lane: str
+    items: list[Item[Job]]
+    prepared: Prepared
 
 
 class Pipeline:
@@ -66,7 +75,6 @@ class Pipeline:
         model_names: frozenset[str],
     ) -> None:
         self._source = source
-        self._publisher = publisher
         self._tokenizer = tokenizer
         self._encoder = encoder
         self._settings = settings
@@ -77,18 +85,27 @@ class Pipeline:
             model_names=model_names,
             dim=encoder.info.dim,
         )
-        self._batcher: Batcher[Job] = Batcher(settings.max_batch_tokens, settings.max_batch_size)
+        self._scheduler: LaneScheduler[Job] = LaneScheduler(
+            settings.max_batch_tokens, settings.max_batch_size, settings.bulk_every
+        )
+        self._max_wait = settings.max_batch_wait_ms / 1000
         self._tracker = OffsetTracker()
         self._committed: dict[TopicPartition, int] = {}
+        self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._replier = Replier(
+            publisher,
+            results_topic=settings.results_topic,
+            dlq_topic=settings.dlq_topic,
+            on_fatal=self._fail_worker,
+        )
         self._encode_thread = ThreadPoolExecutor(1, thread_name_prefix="kembed-encoder")
         self._tokenize_thread = ThreadPoolExecutor(1, thread_name_prefix="kembed-tokenizer")
         self._work_waiting = asyncio.Event()
         self._progress = asyncio.Event()  # set whenever a record is answered
         self._stopping = asyncio.Event()
-        self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._inflight_inputs = 0
-        self._paused = False
+        self._inflight = {INTERACTIVE: 0, BULK: 0}  # inputs accepted and not answered
+        self._paused: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -124,8 +141,9 @@ class Pipeline:
 
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
         log.info("partitions.assigned", partitions=_names(partitions))
-        if self._paused and partitions:
-            self._source.pause(partitions)
+        paused = {tp for tp in partitions if self._lane(tp[0]) in self._paused}
+        if paused:
+            self._source.pause(paused)
 
     async def on_revoked(self, partitions: set[TopicPartition]) -> None:
         """Finish the revoked partitions' requests and commit them before they move."""
@@ -148,6 +166,13 @@ class Pipeline:
                 await asyncio.wait_for(self._progress.wait(), min(remaining, 0.1))
         return True
 
+    def _fail_worker(self, error: BaseException) -> None:
+        if not self._failure.done():
+            self._failure.set_exception(error)
+
+    def _lane(self, topic: str) -> str:
+        return BULK if topic == self._settings.bulk_topic else INTERACTIVE
+
     # ------------------------------------------------------------------ fetch
 
     async def _fetch_loop(self) -> None:
@@ -158,24 +183,30 @@ class Pipeline:
 
     async def _admit(self, records: list[Record]) -> None:
         now_ms = int(time.time() * 1000)
-        accepted: list[tuple[Record, EmbedRequest]] = []
+        accepted: dict[str, list[tuple[Record, EmbedRequest]]] = {INTERACTIVE: [], BULK: []}
         for record in records:
             self._tracker.track(record.tp, record.offset)
             decoded = decode_record(record, self._limits, now_ms)
             if isinstance(decoded, Accepted):
-                accepted.append((record, decoded.request))
+                accepted[self._lane(record.topic)].append((record, decoded.request))
             elif isinstance(decoded, Rejected):
                 self._reject(record, decoded)
             else:
-                self._dead_letter(record, decoded)
-        if accepted:
-            await self._tokenize(accepted)
-        if self._inflight_inputs > self._settings.max_inflight_inputs and not self._paused:
-            self._paused = True
-            self._source.pause(self._source.assignment())
-            log.info("partitions.paused", in_flight_inputs=self._inflight_inputs)
+                log.warning(
+                    "request.dead_lettered",
+                    code=str(decoded.code),
+                    reason=decoded.message,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                )
+                self._spawn(self._dead_letter(record, str(decoded.code), decoded.message))
+        for lane in (INTERACTIVE, BULK):  # interactive texts reach the batcher first
+            if accepted[lane]:
+                await self._tokenize(lane, accepted[lane])
+                self._apply_backpressure(lane)
 
-    async def _tokenize(self, accepted: list[tuple[Record, EmbedRequest]]) -> None:
+    async def _tokenize(self, lane: str, accepted: list[tuple[Record, EmbedRequest]]) -> None:
         texts = [
             (request.prompt or "") + text for _, request in accepted for text in request.inputs
         ]
@@ -186,11 +217,11 @@ class Pipeline:
         for record, request in accepted:
             pieces = tokenized[start : start + len(request.inputs)]
             start += len(request.inputs)
-            self._enqueue(record, request, pieces, now)
+            self._enqueue(lane, record, request, pieces, now)
         self._work_waiting.set()
 
     def _enqueue(
-        self, record: Record, request: EmbedRequest, pieces: list[Tokenized], now: float
+        self, lane: str, record: Record, request: EmbedRequest, pieces: list[Tokenized], now: float
     ) -> None:
         if not request.truncate:
             too_long = next((i for i, piece in enumerate(pieces) if piece.truncated), None)
@@ -206,61 +237,98 @@ class Pipeline:
         job = Job(
             record=record,
             request=request,
+            lane=lane,
             vectors=np.empty((count, self._encoder.info.dim), dtype=np.float32),
             tokens=[len(piece.ids) for piece in pieces],
             remaining=count,
         )
-        self._inflight_inputs += count
+        self._inflight[lane] += count
         for index, piece in enumerate(pieces):
-            self._batcher.add(Item(job, index, piece.ids, now))
+            self._scheduler.add(lane, Item(job, index, piece.ids, now))
+
+    def _apply_backpressure(self, lane: str) -> None:
+        if self._inflight[lane] > self._settings.max_inflight_inputs and lane not in self._paused:
+            self._paused.add(lane)
+            self._source.pause(self._lane_partitions(lane))
+            log.info("partitions.paused", lane=lane, in_flight_inputs=self._inflight[lane])
+
+    def _release_backpressure(self, lane: str) -> None:
+        if lane in self._paused and self._inflight[lane] <= self._settings.max_inflight_inputs // 2:
+            self._paused.discard(lane)
+            self._source.resume(self._lane_partitions(lane))
+            log.info("partitions.resumed", lane=lane, in_flight_inputs=self._inflight[lane])
+
+    def _lane_partitions(self, lane: str) -> set[TopicPartition]:
+        return {tp for tp in self._source.assignment() if self._lane(tp[0]) == lane}
 
     # ------------------------------------------------------------------ batch
 
     async def _batch_loop(self) -> None:
-        max_wait = self._settings.max_batch_wait_ms / 1000
+        """Run the encoder back to back, with one batch always prepared ahead of it."""
         loop = asyncio.get_running_loop()
+        prepared: _Batch | None = None
+        running: tuple[_Batch, asyncio.Future[npt.NDArray[np.float32]]] | None = None
         while True:
             now = time.monotonic()
-            oldest = self._batcher.oldest_enqueued()
-            if oldest is None or not self._batcher.ready(now, max_wait):
-                timeout = None if oldest is None else oldest + max_wait - now
-                self._work_waiting.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._work_waiting.wait(), timeout)
-                continue
-            batch = self._batcher.next_batch()
-            try:
-                embeddings = await loop.run_in_executor(
-                    self._encode_thread, self._encoder.encode, [item.ids for item in batch]
+            if prepared and self._scheduler.preemptible(prepared.lane, now, self._max_wait):
+                self._scheduler.put_back(prepared.lane, prepared.items)
+                prepared = None
+            if prepared is None:
+                prepared = self._cut(now)
+            if running is None and prepared is not None:
+                future = loop.run_in_executor(
+                    self._encode_thread, self._encoder.run, prepared.prepared
                 )
-            except Exception:
-                log.exception("batch.failed", inputs=len(batch))
-                for job in {item.job for item in batch}:
-                    self._fail(job, ErrorInfo(ErrorCode.INTERNAL, "inference failed"))
+                running, prepared = (prepared, future), None
                 continue
-            self._scatter(batch, embeddings)
+            waits: list[asyncio.Future[Any]] = []
+            if running is not None:
+                waits.append(running[1])
+            self._work_waiting.clear()
+            waits.append(asyncio.ensure_future(self._work_waiting.wait()))
+            wake = self._scheduler.wake_at(prepared.lane if prepared else None, self._max_wait)
+            timeout = None if wake is None else max(0.0, wake - now)
+            await asyncio.wait(waits, timeout=timeout, return_when="FIRST_COMPLETED")
+            waits[-1].cancel()
+            if running is not None and running[1].done():
+                self._finish(*running)
+                running = None
 
-    def _scatter(self, batch: list[Item[Job]], embeddings: npt.NDArray[np.float32]) -> None:
-        for item, row in zip(batch, embeddings, strict=True):
+    def _cut(self, now: float) -> _Batch | None:
+        chosen = self._scheduler.next_batch(now, self._max_wait)
+        if chosen is None:
+            return None
+        lane, items = chosen
+        return _Batch(lane, items, self._encoder.prepare([item.ids for item in items]))
+
+    def _finish(self, batch: _Batch, future: asyncio.Future[npt.NDArray[np.float32]]) -> None:
+        error = future.exception()
+        if error is not None:
+            log.error("batch.failed", inputs=len(batch.items), error=type(error).__name__)
+            for job in {item.job for item in batch.items}:
+                self._settle(job, ErrorInfo(ErrorCode.INTERNAL, "inference failed"))
+            return
+        for item, row in zip(batch.items, future.result(), strict=True):
             job = item.job
             job.vectors[item.index] = row
             job.remaining -= 1
-            if job.remaining == 0 and not job.settled:
-                job.settled = True
-                value = encode_vectors(
-                    job.request,
-                    job.vectors,
-                    job.tokens,
-                    self._model,
-                    self._settings.max_result_bytes,
-                )
-                self._spawn(self._answer(job.record, job.request, value, len(job.tokens)))
+            if job.remaining == 0:
+                self._settle(job)
 
-    def _fail(self, job: Job, error: ErrorInfo) -> None:
-        if not job.settled:
-            job.settled = True
-            value = encode_error(job.request.id, error, job.request.keys, job.request.meta)
-            self._spawn(self._answer(job.record, job.request, value, len(job.tokens)))
+    def _settle(self, job: Job, error: ErrorInfo | None = None) -> None:
+        """Publish a job's result (or ``error``) once, whatever happens to its other inputs."""
+        if job.settled:
+            return
+        job.settled = True
+        request = job.request
+        if error is None:
+            value = encode_vectors(
+                request, job.vectors, job.tokens, self._model, self._settings.max_result_bytes
+            )
+        else:
+            value = encode_error(request.id, error, request.keys, request.meta)
+        reply = ReplyTo(request.id, request.reply_to, request.reply_partition)
+        self._spawn(self._answer(job.record, reply, value, job.lane, len(job.tokens)))
 
     # ------------------------------------------------------------------ publish
 
@@ -275,74 +343,24 @@ class Pipeline:
             offset=record.offset,
         )
         value = encode_error(rejected.request_id, rejected.error, rejected.keys, rejected.meta)
-        target = _Reply(rejected.request_id, rejected.reply_to, rejected.reply_partition)
-        self._spawn(self._answer(record, target, value, 0))
-
-    def _dead_letter(self, record: Record, letter: DeadLetter) -> None:
-        log.warning(
-            "request.dead_lettered",
-            code=str(letter.code),
-            reason=letter.message,
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-        )
-        self._spawn(self._dead_letter_answer(record, str(letter.code), letter.message))
-
-    async def _dead_letter_answer(self, record: Record, code: str, message: str) -> None:
-        if await self._send_dead_letter(record, code, message):
-            self._answered(record, 0)
+        reply = ReplyTo(rejected.request_id, rejected.reply_to, rejected.reply_partition)
+        self._spawn(self._answer(record, reply, value, self._lane(record.topic), 0))
 
     async def _answer(
-        self, record: Record, reply: EmbedRequest | _Reply, value: bytes, inputs: int
+        self, record: Record, reply: ReplyTo, value: bytes, lane: str, inputs: int
     ) -> None:
-        topic = reply.reply_to or self._settings.results_topic
-        try:
-            await self._publisher.send(
-                topic,
-                value,
-                key=reply.id.encode("utf-8"),
-                partition=reply.reply_partition,
-                headers=result_headers(reply.id),
-            )
-        except PublishError as exc:
-            log.warning(
-                "publish.failed",
-                request_id=reply.id,
-                reply_to=topic,
-                reason=exc.reason,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-            )
-            if not await self._send_dead_letter(record, "reply_failed", exc.reason):
-                return
-        self._answered(record, inputs)
+        if await self._replier.answer(record, reply, value):
+            self._answered(record, lane, inputs)
 
-    async def _send_dead_letter(self, record: Record, code: str, message: str) -> bool:
-        try:
-            await self._publisher.send(
-                self._settings.dlq_topic,
-                record.value or b"",
-                key=record.key,
-                headers=dead_letter_headers(record, code, message),
-            )
-        except PublishError as exc:
-            # Nothing is committed past this record, so a restarted worker retries it.
-            log.error("dead_letter.failed", reason=exc.reason, offset=record.offset)
-            if not self._failure.done():
-                self._failure.set_exception(exc)
-            return False
-        return True
+    async def _dead_letter(self, record: Record, code: str, message: str) -> None:
+        if await self._replier.dead_letter(record, code, message):
+            self._answered(record, self._lane(record.topic), 0)
 
-    def _answered(self, record: Record, inputs: int) -> None:
+    def _answered(self, record: Record, lane: str, inputs: int) -> None:
         self._tracker.done(record.tp, record.offset)
-        self._inflight_inputs -= inputs
+        self._inflight[lane] -= inputs
         self._progress.set()
-        if self._paused and self._inflight_inputs <= self._settings.max_inflight_inputs // 2:
-            self._paused = False
-            self._source.resume(self._source.assignment())
-            log.info("partitions.resumed", in_flight_inputs=self._inflight_inputs)
+        self._release_backpressure(lane)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -351,8 +369,8 @@ class Pipeline:
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and not self._failure.done():
-            self._failure.set_exception(task.exception())  # type: ignore[arg-type]
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self._fail_worker(error)
 
     # ------------------------------------------------------------------ commit
 
@@ -378,13 +396,6 @@ class Pipeline:
             log.warning("commit.failed", error=type(exc).__name__, partitions=_names(offsets))
             return
         self._committed.update(offsets)
-
-
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    id: str
-    reply_to: str | None
-    reply_partition: int | None
 
 
 def _rejection(request: EmbedRequest, error: ErrorInfo) -> Rejected:

@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Encoder", "ModelInfo"]
+__all__ = ["Encoder", "ModelInfo", "Prepared"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +24,35 @@ class ModelInfo:
     device: str
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A padded batch, ready for the device: token ids and attention mask, (rows, longest)."""
+
+    ids: npt.NDArray[np.int64]
+    mask: npt.NDArray[np.int64]
+
+    @property
+    def rows(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.ids.size)
+
+
 class Encoder(Protocol):
     info: ModelInfo
+
+    def prepare(self, batch: Sequence[Sequence[int]]) -> Prepared:
+        """Pad a batch into arrays; cheap, called on the event loop while the device works."""
+        ...
+
+    def run(self, prepared: Prepared) -> npt.NDArray[np.float32]:
+        """Pooled, unnormalized float32 embeddings, one row per prepared sequence.
+
+        Blocking and not thread-safe: the pipeline calls it from one dedicated thread.
+        """
+        ...
 
     def encode(self, batch: Sequence[Sequence[int]]) -> npt.NDArray[np.float32]:
         """Pooled, unnormalized float32 embeddings, one row per token-id sequence.

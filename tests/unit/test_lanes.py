@@ -1,0 +1,99 @@
+"""LaneScheduler: interactive first, bulk never starved; Batcher.put_back keeps order."""
+
+from __future__ import annotations
+
+from worker.batcher import BULK, INTERACTIVE, Batcher, Item, LaneScheduler
+
+
+def _item(name: str, length: int = 10, at: float = 0.0) -> Item[str]:
+    return Item(name, 0, [1] * length, at)
+
+
+def _scheduler(bulk_every: int = 4) -> LaneScheduler[str]:
+    return LaneScheduler(max_batch_tokens=40, max_batch_size=4, bulk_every=bulk_every)
+
+
+def test_interactive_goes_first_when_both_lanes_are_ready() -> None:
+    """With full batches waiting in both lanes, the next batch is interactive."""
+    lanes = _scheduler()
+    for i in range(8):
+        lanes.add(BULK, _item(f"b{i}"))
+        lanes.add(INTERACTIVE, _item(f"i{i}"))
+    chosen = lanes.next_batch(now=0.0, max_wait=1.0)
+    assert chosen is not None
+    assert chosen[0] == INTERACTIVE
+    assert {item.job for item in chosen[1]} == {"i0", "i1", "i2", "i3"}
+
+
+def test_bulk_gets_one_batch_in_every_bulk_every() -> None:
+    """Under a flood of interactive work, every bulk_every-th batch is bulk."""
+    lanes = _scheduler(bulk_every=3)
+    for i in range(40):
+        lanes.add(BULK, _item(f"b{i}"))
+        lanes.add(INTERACTIVE, _item(f"i{i}"))
+    order = []
+    for _ in range(9):
+        chosen = lanes.next_batch(now=0.0, max_wait=1.0)
+        assert chosen is not None
+        order.append(chosen[0])
+    assert order == [INTERACTIVE, INTERACTIVE, BULK] * 3
+
+
+def test_bulk_runs_alone_when_no_interactive_work_waits() -> None:
+    """Bulk batches are cut back to back when the interactive lane is empty."""
+    lanes = _scheduler()
+    for i in range(12):
+        lanes.add(BULK, _item(f"b{i}"))
+    lanes_seen = [lanes.next_batch(now=0.0, max_wait=1.0) for _ in range(3)]
+    assert [c[0] for c in lanes_seen if c] == [BULK, BULK, BULK]
+    assert lanes.next_batch(now=0.0, max_wait=1.0) is None
+
+
+def test_a_lone_input_waits_for_max_wait_before_its_batch_is_cut() -> None:
+    """A single small input is not ready before max_wait, and is at max_wait."""
+    lanes = _scheduler()
+    lanes.add(INTERACTIVE, _item("i", at=10.0))
+    assert lanes.next_batch(now=10.001, max_wait=0.002) is None
+    assert lanes.wake_at(None, 0.002) == 10.002
+    chosen = lanes.next_batch(now=10.002, max_wait=0.002)
+    assert chosen is not None
+    assert chosen[0] == INTERACTIVE
+
+
+def test_prepared_bulk_batch_yields_to_ready_interactive_work() -> None:
+    """A bulk batch cut while interactive was idle is preemptible once interactive is
+    ready; one cut as bulk's owed share is not."""
+    lanes = _scheduler(bulk_every=2)
+    for i in range(8):
+        lanes.add(BULK, _item(f"b{i}"))
+    chosen = lanes.next_batch(now=0.0, max_wait=1.0)
+    assert chosen is not None
+    assert chosen[0] == BULK
+    assert not lanes.preemptible(BULK, now=0.0, max_wait=1.0)  # nothing interactive yet
+    for i in range(4):
+        lanes.add(INTERACTIVE, _item(f"i{i}"))
+    assert lanes.preemptible(BULK, now=0.0, max_wait=1.0)
+    lanes.put_back(BULK, chosen[1])
+    interactive = lanes.next_batch(now=0.0, max_wait=1.0)
+    assert interactive is not None
+    assert interactive[0] == INTERACTIVE
+    for i in range(4):
+        lanes.add(INTERACTIVE, _item(f"j{i}"))
+    owed = lanes.next_batch(now=0.0, max_wait=1.0)
+    assert owed is not None
+    assert owed[0] == BULK  # bulk_every=2: after one interactive batch, bulk is owed
+    assert not lanes.preemptible(BULK, now=0.0, max_wait=1.0)
+
+
+def test_put_back_restores_age_order_and_token_count() -> None:
+    """Items put back are served again in their original age order, tokens accounted."""
+    batcher: Batcher[str] = Batcher(max_batch_tokens=1000, max_batch_size=2)
+    for i in range(4):
+        batcher.add(_item(f"x{i}", length=10, at=float(i)))
+    first = batcher.next_batch()
+    assert [item.job for item in first] == ["x0", "x1"]
+    assert batcher.waiting_tokens == 20
+    batcher.put_back(first)
+    assert batcher.waiting_tokens == 40
+    assert batcher.oldest_enqueued() == 0.0
+    assert [item.job for item in batcher.next_batch()] == ["x0", "x1"]
