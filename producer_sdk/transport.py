@@ -31,7 +31,7 @@ class Transport:
             bootstrap_servers=config.bootstrap_servers,
             client_id=config.client_id,
             acks="all",
-            enable_idempotence=True,
+            enable_idempotence=False,  # a resent request is answered twice; one is dropped
             linger_ms=config.linger_ms,
         )
         self._consumer = AIOKafkaConsumer(

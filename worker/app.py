@@ -79,12 +79,13 @@ async def run_worker(settings: WorkerSettings) -> None:
     )
     source = KafkaSource(
         settings.bootstrap_servers,
-        [settings.requests_topic],
+        [topic for topic in (settings.requests_topic, settings.bulk_topic) if topic],
         group_id=settings.group_id,
         client_id=settings.client_id,
         max_poll_interval_ms=settings.max_poll_interval_ms,
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
     )
     pipeline = Pipeline(
         source=source,
@@ -99,7 +100,12 @@ async def run_worker(settings: WorkerSettings) -> None:
     await publisher.start()
     try:
         await source.start(pipeline.on_revoked, pipeline.on_assigned)
-        log.info("worker.started", topic=settings.requests_topic, group_id=settings.group_id)
+        log.info(
+            "worker.started",
+            topic=settings.requests_topic,
+            bulk_topic=settings.bulk_topic,
+            group_id=settings.group_id,
+        )
         try:
             await pipeline.run()
         finally:

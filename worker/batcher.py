@@ -13,6 +13,7 @@ batch (:meth:`Batcher.ready`) and runs the encoder.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -65,11 +66,12 @@ class Batcher(Generic[J]):
 
     def put_back(self, items: list[Item[J]]) -> None:
         """Return a batch that was cut but not run; items keep their age and place."""
-        for item in items:
-            self._waiting[item.seq] = item
-            self._tokens += item.length
-        # Keep oldest-first order, which the window and oldest_enqueued rely on.
-        self._waiting = dict(sorted(self._waiting.items()))
+        returned = sorted((item.seq, item) for item in items)
+        self._tokens += sum(item.length for _, item in returned)
+        # Keep oldest-first order, which the window and oldest_enqueued rely on (a linear
+        # merge: both sides are already in order).
+        merged = heapq.merge(returned, self._waiting.items(), key=lambda pair: pair[0])
+        self._waiting = dict(merged)
 
     def oldest_enqueued(self) -> float | None:
         for item in self._waiting.values():
@@ -162,6 +164,13 @@ class LaneScheduler(Generic[J]):
 
     def put_back(self, lane: str, items: list[Item[J]]) -> None:
         self.lanes[lane].put_back(items)
+
+    def refill(self, lane: str, items: list[Item[J]]) -> list[Item[J]]:
+        """Cut a not-yet-running batch of ``lane`` again, now that more inputs wait there;
+        lane accounting is unchanged (it is still the same turn)."""
+        batcher = self.lanes[lane]
+        batcher.put_back(items)
+        return batcher.next_batch()
 
     def preemptible(self, lane: str, now: float, max_wait: float) -> bool:
         """Whether a cut but not yet running batch of ``lane`` should yield to interactive

@@ -42,6 +42,10 @@ __all__ = ["Pipeline"]
 
 log = structlog.get_logger("kembed.worker")
 
+# Below this many characters, tokenizing on the event loop (~10 us per short text) beats
+# handing the work to the tokenizer thread and back.
+_INLINE_TOKENIZE_CHARS = 4096
+
 
 @dataclass(eq=False, slots=True)
 class Job:
@@ -201,17 +205,30 @@ class Pipeline:
                     offset=record.offset,
                 )
                 self._spawn(self._dead_letter(record, str(decoded.code), decoded.message))
-        for lane in (INTERACTIVE, BULK):  # interactive texts reach the batcher first
-            if accepted[lane]:
+        for lane in (INTERACTIVE, BULK):
+            if not accepted[lane]:
+                continue
+            # Inputs count as in flight from here, so backpressure sees them at once.
+            self._inflight[lane] += sum(len(request.inputs) for _, request in accepted[lane])
+            self._apply_backpressure(lane)
+            if lane == INTERACTIVE:
                 await self._tokenize(lane, accepted[lane])
-                self._apply_backpressure(lane)
+            else:
+                # A large bulk poll must not hold up the next poll's interactive records; the
+                # single tokenizer thread keeps bulk requests in order.
+                self._spawn(self._tokenize(lane, accepted[lane]))
 
     async def _tokenize(self, lane: str, accepted: list[tuple[Record, EmbedRequest]]) -> None:
         texts = [
             (request.prompt or "") + text for _, request in accepted for text in request.inputs
         ]
-        loop = asyncio.get_running_loop()
-        tokenized = await loop.run_in_executor(self._tokenize_thread, self._tokenizer.encode, texts)
+        if sum(map(len, texts)) <= _INLINE_TOKENIZE_CHARS:
+            tokenized = self._tokenizer.encode(texts)  # cheaper than a thread hop
+        else:
+            loop = asyncio.get_running_loop()
+            tokenized = await loop.run_in_executor(
+                self._tokenize_thread, self._tokenizer.encode, texts
+            )
         now = time.monotonic()
         start = 0
         for record, request in accepted:
@@ -231,7 +248,7 @@ class Pipeline:
                     f"input exceeds the model's maximum of {self._tokenizer.max_length} tokens",
                     too_long,
                 )
-                self._reject(record, _rejection(request, error))
+                self._reject(record, _rejection(request, error), reserved=len(pieces))
                 return
         count = len(pieces)
         job = Job(
@@ -242,7 +259,6 @@ class Pipeline:
             tokens=[len(piece.ids) for piece in pieces],
             remaining=count,
         )
-        self._inflight[lane] += count
         for index, piece in enumerate(pieces):
             self._scheduler.add(lane, Item(job, index, piece.ids, now))
 
@@ -265,7 +281,6 @@ class Pipeline:
 
     async def _batch_loop(self) -> None:
         """Run the encoder back to back, with one batch always prepared ahead of it."""
-        loop = asyncio.get_running_loop()
         prepared: _Batch | None = None
         running: tuple[_Batch, asyncio.Future[npt.NDArray[np.float32]]] | None = None
         while True:
@@ -273,13 +288,13 @@ class Pipeline:
             if prepared and self._scheduler.preemptible(prepared.lane, now, self._max_wait):
                 self._scheduler.put_back(prepared.lane, prepared.items)
                 prepared = None
+            elif prepared and self._refillable(prepared):
+                items = self._scheduler.refill(prepared.lane, prepared.items)
+                prepared = _Batch(prepared.lane, items, self._prepare(items))
             if prepared is None:
                 prepared = self._cut(now)
             if running is None and prepared is not None:
-                future = loop.run_in_executor(
-                    self._encode_thread, self._encoder.run, prepared.prepared
-                )
-                running, prepared = (prepared, future), None
+                running, prepared = self._start(prepared), None
                 continue
             waits: list[asyncio.Future[Any]] = []
             if running is not None:
@@ -291,15 +306,35 @@ class Pipeline:
             await asyncio.wait(waits, timeout=timeout, return_when="FIRST_COMPLETED")
             waits[-1].cancel()
             if running is not None and running[1].done():
-                self._finish(*running)
-                running = None
+                finished, running = running, None
+                if prepared is not None:  # keep the encoder busy: start, then scatter
+                    running, prepared = self._start(prepared), None
+                self._finish(*finished)
+
+    def _start(self, batch: _Batch) -> tuple[_Batch, asyncio.Future[npt.NDArray[np.float32]]]:
+        loop = asyncio.get_running_loop()
+        return batch, loop.run_in_executor(self._encode_thread, self._encoder.run, batch.prepared)
+
+    def _refillable(self, batch: _Batch) -> bool:
+        """A prepared batch less than half full is cut again when new inputs of its lane
+        wait (requests trickling in while the encoder is busy); fuller ones run as they are,
+        since re-cutting them would cost more than it gains."""
+        lane = self._scheduler.lanes[batch.lane]
+        return (
+            len(lane) > 0
+            and batch.prepared.rows * 2 <= self._settings.max_batch_size
+            and batch.prepared.padded_tokens * 2 <= self._settings.max_batch_tokens
+        )
 
     def _cut(self, now: float) -> _Batch | None:
         chosen = self._scheduler.next_batch(now, self._max_wait)
         if chosen is None:
             return None
         lane, items = chosen
-        return _Batch(lane, items, self._encoder.prepare([item.ids for item in items]))
+        return _Batch(lane, items, self._prepare(items))
+
+    def _prepare(self, items: list[Item[Job]]) -> Prepared:
+        return self._encoder.prepare([item.ids for item in items])
 
     def _finish(self, batch: _Batch, future: asyncio.Future[npt.NDArray[np.float32]]) -> None:
         error = future.exception()
@@ -332,7 +367,8 @@ class Pipeline:
 
     # ------------------------------------------------------------------ publish
 
-    def _reject(self, record: Record, rejected: Rejected) -> None:
+    def _reject(self, record: Record, rejected: Rejected, reserved: int = 0) -> None:
+        """Answer with an error; ``reserved`` inputs of the request were counted in flight."""
         log.info(
             "request.rejected",
             request_id=rejected.request_id,
@@ -344,7 +380,7 @@ class Pipeline:
         )
         value = encode_error(rejected.request_id, rejected.error, rejected.keys, rejected.meta)
         reply = ReplyTo(rejected.request_id, rejected.reply_to, rejected.reply_partition)
-        self._spawn(self._answer(record, reply, value, self._lane(record.topic), 0))
+        self._spawn(self._answer(record, reply, value, self._lane(record.topic), reserved))
 
     async def _answer(
         self, record: Record, reply: ReplyTo, value: bytes, lane: str, inputs: int

@@ -58,6 +58,12 @@ class WorkerSettings(BaseSettings):
         description="Kafka session.timeout.ms: how long a dead worker holds its partitions.",
     )
     heartbeat_interval_ms: int = Field(3_000, gt=0, description="Kafka heartbeat.interval.ms.")
+    fetch_max_wait_ms: int = Field(
+        20,
+        ge=0,
+        description="Kafka fetch.max.wait.ms: how long the broker holds an empty fetch. Lower "
+        "answers a lone request a little sooner; each idle worker then sends more fetches.",
+    )
     fetch_max_records: int = Field(
         500, gt=0, description="Most records taken from the consumer per poll."
     )
@@ -113,10 +119,12 @@ class WorkerSettings(BaseSettings):
         "bulk: interactive goes first, bulk keeps >= 1/bulk_every of the encoder.",
     )
     max_batch_wait_ms: float = Field(
-        2.0,
+        0.0,
         ge=0,
-        description="How long the oldest waiting input may wait for company before its batch "
-        "is closed anyway. Higher packs fuller batches at low load; adds that much latency.",
+        description="How long an input may wait for company when the encoder is idle. While "
+        "the encoder is busy, inputs gather anyway (the prepared batch is refilled until it "
+        "runs), so 0 is right unless requests trickle in one by one and throughput matters "
+        "more than latency.",
     )
     max_client_batch_size: int = Field(
         512,

@@ -24,7 +24,10 @@ class KafkaPublisher:
             bootstrap_servers=bootstrap_servers,
             client_id=client_id,
             acks="all",
-            enable_idempotence=True,
+            # Not idempotent: delivery is at least once by design (clients drop duplicate
+            # results by id), and aiokafka 0.14's idempotent producer was seen to stall
+            # concurrent first sends to a new partition for request_timeout_ms.
+            enable_idempotence=False,
             linger_ms=linger_ms,
             max_request_size=max_request_size,
         )

@@ -42,6 +42,7 @@ class KafkaSource:
         max_poll_interval_ms: int,
         session_timeout_ms: int,
         heartbeat_interval_ms: int,
+        fetch_max_wait_ms: int,
     ) -> None:
         self._topics = topics
         self._consumer = AIOKafkaConsumer(
@@ -53,6 +54,7 @@ class KafkaSource:
             max_poll_interval_ms=max_poll_interval_ms,
             session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=heartbeat_interval_ms,
+            fetch_max_wait_ms=fetch_max_wait_ms,
         )
 
     async def start(self, on_revoked: PartitionsHook, on_assigned: PartitionsHook) -> None:

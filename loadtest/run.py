@@ -1,0 +1,210 @@
+"""``python -m loadtest``: the throughput and latency benchmark, baselines in the same run.
+
+Order matters on a small machine: the in-process baselines run first, alone; then a local
+broker and one worker start, and the end-to-end scenarios run against them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from loadtest import e2e
+from loadtest.data import mixed_texts, stsb_sentences
+from loadtest.inprocess import InProcess, sentence_transformers_default
+from loadtest.report import write_report
+from producer_sdk import EmbedClient
+from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
+from scripts.worker_process import WorkerProcess
+
+BULK_RESULTS = "loadtest.bulk.results"
+
+
+@dataclass(frozen=True)
+class Plan:
+    texts: int
+    mixed: int
+    per_request: int
+    budgets: tuple[int, ...]
+    rates: tuple[float, ...]
+    loaded_rates: tuple[float, ...]
+    duration: float
+    backlog: int
+    single: int
+
+
+FULL = Plan(
+    10_208,
+    2_000,
+    32,
+    (512, 1024, 2048, 4096, 8192),
+    (2, 5, 10, 20, 40),
+    (5, 10, 20),
+    10.0,
+    20_416,
+    200,
+)
+QUICK = Plan(400, 100, 16, (1024, 2048), (5, 20), (10,), 2.0, 1_000, 20)
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {
+        "n": len(values),
+        "p50": at(0.50),
+        "p95": at(0.95),
+        "p99": at(0.99),
+        "mean": statistics.fmean(values),
+    }
+
+
+def run_inprocess(plan: Plan, dtype: str, sentences: list[str], mixed: list[str]) -> dict[str, Any]:
+    bench = InProcess("sentence-transformers/all-MiniLM-L6-v2", dtype)
+    sweep = []
+    for budget in tqdm(plan.budgets, desc="in-process sweep", leave=False):
+        row: dict[str, Any] = {"max_batch_tokens": budget}
+        for name, texts in (("sentences", sentences), ("mixed", mixed)):
+            best = max(
+                (bench.throughput(texts, budget) for _ in range(2)), key=lambda t: t.texts_per_s
+            )
+            row[name] = {"texts_per_s": best.texts_per_s, "tokens_per_s": best.tokens_per_s}
+        sweep.append(row)
+    best_row = max(sweep, key=lambda r: r["sentences"]["texts_per_s"])
+    # The worker gets the knee, not the peak: the smallest budget within 5% of the best.
+    # A bulk batch holds up interactive requests for as long as it runs, so a smaller batch
+    # buys much lower interactive latency for a few percent of throughput.
+    knee = min(
+        (
+            r
+            for r in sweep
+            if r["sentences"]["texts_per_s"] >= 0.95 * best_row["sentences"]["texts_per_s"]
+        ),
+        key=lambda r: r["max_batch_tokens"],
+    )
+    tokens = sum(len(t.ids) for t in bench.tokenizer.encode(sentences))
+    st = sentence_transformers_default(bench.model_dir, sentences, tokens)
+    single = bench.single_latencies_ms(sentences, plan.single)
+    return {
+        "dtype": bench.encoder.info.dtype,
+        "sweep": sweep,
+        "best_max_batch_tokens": best_row["max_batch_tokens"],
+        "worker_max_batch_tokens": knee["max_batch_tokens"],
+        "limit": {
+            "sentences": best_row["sentences"],
+            "mixed": max((r["mixed"] for r in sweep), key=lambda m: m["texts_per_s"]),
+        },
+        "st_default": {"texts_per_s": st.texts_per_s, "tokens_per_s": st.tokens_per_s},
+        "single_ms": percentiles(single),
+    }
+
+
+async def run_e2e(
+    plan: Plan, bootstrap: str, sentences: list[str], mixed: list[str]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"bulk": {}, "interactive": {"alone": [], "with_backlog": []}}
+    for name, texts in (("sentences", sentences), ("mixed", mixed)):
+        with tqdm(total=len(texts), desc=f"bulk {name}", unit="text", leave=False) as bar:
+            run = await e2e.bulk(
+                bootstrap,
+                texts,
+                plan.per_request,
+                topic="embed.requests.bulk",
+                reply_topic=BULK_RESULTS,
+                progress=bar.update,
+            )
+        out["bulk"][name] = {
+            "texts": run.texts,
+            "seconds": run.seconds,
+            "errors": run.errors,
+            "texts_per_s": run.texts_per_s,
+            "tokens_per_s": run.tokens_per_s,
+        }
+    async with EmbedClient(bootstrap) as client:
+        await client.embed(["warm-up"], timeout=60)
+        for rate in tqdm(plan.rates, desc="interactive alone", leave=False):
+            latencies = await e2e.interactive(client, sentences, rate, plan.duration)
+            out["interactive"]["alone"].append({"rate": rate, **percentiles(latencies)})
+        backlog = [sentences[i % len(sentences)] for i in range(plan.backlog)]
+        for rate in tqdm(plan.loaded_rates, desc="interactive + backlog", leave=False):
+            task = asyncio.create_task(
+                e2e.bulk(
+                    bootstrap,
+                    backlog,
+                    plan.per_request,
+                    topic="embed.requests.bulk",
+                    reply_topic=BULK_RESULTS,
+                )
+            )
+            await asyncio.sleep(0.5)  # let the backlog land in Kafka first
+            latencies = await e2e.interactive(client, sentences, rate, 600, until=task)
+            run = await task
+            out["interactive"]["with_backlog"].append(
+                {
+                    "rate": rate,
+                    **percentiles(latencies),
+                    "backlog_texts": run.texts,
+                    "bulk_texts_per_s": run.texts_per_s,
+                    "bulk_errors": run.errors,
+                }
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--dtype", default="auto", help="worker and in-process precision")
+    parser.add_argument("--out", type=Path, default=None, help="report folder")
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    out = args.out or Path("loadtest/reports") / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    sentences_all = stsb_sentences()
+    sentences = [sentences_all[i % len(sentences_all)] for i in range(plan.texts)]
+    mixed = mixed_texts(sentences_all, plan.mixed)
+    steps = tqdm(total=3, desc="loadtest", unit="step")
+    results: dict[str, Any] = {"plan": plan.__dict__, "argv": sys.argv[1:]}
+    results["inprocess"] = run_inprocess(plan, args.dtype, sentences, mixed)
+    steps.update()
+    budget = results["inprocess"]["worker_max_batch_tokens"]
+    with tempfile.TemporaryDirectory(prefix="kembed-loadtest-") as tmp:
+        topics = (*DEFAULT_TOPICS, TopicSpec(BULK_RESULTS, 8))
+        with LocalKafka(Path(tmp) / "kafka", topics=topics) as kafka:
+            settings = {"dtype": args.dtype, "max_batch_tokens": budget}
+            worker = WorkerProcess(kafka.bootstrap_servers, out / "worker.log", **settings)
+            try:
+                worker.wait_ready()
+                steps.update()
+                results["worker_settings"] = settings
+                results["e2e"] = asyncio.run(
+                    run_e2e(plan, kafka.bootstrap_servers, sentences, mixed)
+                )
+            finally:
+                worker.stop()
+    steps.update()
+    steps.close()
+    passed = write_report(results, out)
+    print(f"report: {out / 'report.md'}")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

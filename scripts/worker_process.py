@@ -1,0 +1,80 @@
+"""A real ``python -m worker`` process with its JSON log captured, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class WorkerProcess:
+    """A real ``python -m worker`` process, with its JSON log lines captured to a file."""
+
+    def __init__(self, bootstrap_servers: str, log_path: Path, **settings: Any) -> None:
+        self.log_path = log_path
+        env = {
+            **os.environ,
+            "KEMBED_BOOTSTRAP_SERVERS": bootstrap_servers,
+            "KEMBED_LOG_FORMAT": "json",
+            "HF_HUB_OFFLINE": "1",
+        }
+        env.update({f"KEMBED_{name.upper()}": str(value) for name, value in settings.items()})
+        self._log = log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "worker"],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def events(self) -> list[dict[str, Any]]:
+        events = []
+        for line in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                events.append({"event": "<not json>", "line": line})
+        return events
+
+    def wait_for(self, event: str, timeout: float = 120.0, **fields: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for item in self.events():
+                if item.get("event") == event and all(item.get(k) == v for k, v in fields.items()):
+                    return item
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.2)
+        tail = self.log_path.read_text(errors="replace")[-3000:]
+        raise AssertionError(f"worker never logged {event!r} (exit {self.process.poll()}):\n{tail}")
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Ready = model warmed up and at least one partition assigned."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assigned = [e for e in self.events() if e.get("event") == "partitions.assigned"]
+            if any(e.get("partitions") for e in assigned):
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.wait_for("partitions.assigned", timeout=0)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode

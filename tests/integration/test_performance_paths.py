@@ -1,0 +1,126 @@
+"""The fast paths: bf16 quality, priority lanes, backpressure, and the benchmark itself.
+
+One bf16 worker on its own topics, with a small in-flight bound so that backpressure
+engages. Speed itself is measured by `python -m loadtest`, never asserted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from loadtest import e2e
+from producer_sdk import EmbedClient
+from scripts.kafka_local import LocalKafka, TopicSpec
+from tests.conftest import ROOT, WorkerProcess, load_stsb
+
+pytestmark = pytest.mark.integration
+
+TAG = uuid.uuid4().hex[:6]
+INTERACTIVE, BULK, BULK_RESULTS = f"lanes.{TAG}", f"lanes.{TAG}.bulk", f"lanes.{TAG}.results"
+
+
+@pytest.fixture(scope="module")
+def bf16_worker(
+    kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    kafka.create_topics([TopicSpec(INTERACTIVE, 2), TopicSpec(BULK, 2), TopicSpec(BULK_RESULTS, 2)])
+    process = WorkerProcess(
+        kafka.bootstrap_servers,
+        tmp_path_factory.mktemp("bf16") / "worker.log",
+        dtype="bfloat16",
+        requests_topic=INTERACTIVE,
+        bulk_topic=BULK,
+        group_id=f"bf16-{TAG}",
+        max_inflight_inputs=256,
+    )
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+
+
+async def test_bf16_keeps_stsb_within_a_tenth_of_fp32(
+    kafka: LocalKafka, bf16_worker: WorkerProcess
+) -> None:
+    """A bfloat16 worker scores STS-B (en) within 0.1 of the fp32 figure, 82.03."""
+    assert bf16_worker.wait_for("model.loaded")["dtype"] == "bfloat16"
+    pairs = load_stsb("en")
+    sentences = sorted({s for p in pairs for s in (p.first, p.second)})
+    async with EmbedClient(kafka.bootstrap_servers, requests_topic=INTERACTIVE) as client:
+        parts = await asyncio.gather(
+            *(
+                client.embed(sentences[i : i + 128], timeout=300)
+                for i in range(0, len(sentences), 128)
+            )
+        )
+    vectors = np.concatenate(parts)
+    row = {s: i for i, s in enumerate(sentences)}
+    cosine = np.sum(
+        vectors[[row[p.first] for p in pairs]] * vectors[[row[p.second] for p in pairs]], axis=1
+    )
+    spearman = 100 * spearmanr(cosine, [p.score for p in pairs]).statistic
+    assert abs(spearman - 82.03) <= 0.1, f"bf16 Spearman x100 = {spearman:.3f}"
+
+
+async def test_interactive_request_overtakes_a_bulk_backlog(
+    kafka: LocalKafka, bf16_worker: WorkerProcess
+) -> None:
+    """With thousands of bulk texts queued, a single interactive request is answered while
+    most of the backlog is still waiting; the bulk lane pauses its partitions at the
+    in-flight bound and resumes them, and every bulk request is answered."""
+    texts = [s.first for s in load_stsb("en")] * 5  # ~6,900 texts, seconds of encoding
+    seen = len(bf16_worker.events())
+    bulk = asyncio.create_task(
+        e2e.bulk(kafka.bootstrap_servers, texts, 32, topic=BULK, reply_topic=BULK_RESULTS)
+    )
+    await asyncio.sleep(0.5)  # the backlog is in Kafka and being worked on
+    async with EmbedClient(kafka.bootstrap_servers, requests_topic=INTERACTIVE) as client:
+        started = time.monotonic()
+        vector = await client.embed(["an urgent query"], timeout=60)
+        interactive_s = time.monotonic() - started
+    assert vector.shape == (1, 384)
+    assert not bulk.done(), "the interactive answer should not wait for the backlog"
+    run = await bulk
+    assert run.errors == 0
+    assert interactive_s < run.seconds / 2
+    events = bf16_worker.events()[seen:]
+    paused = [e for e in events if e.get("event") == "partitions.paused"]
+    resumed = [e for e in events if e.get("event") == "partitions.resumed"]
+    assert paused
+    assert all(e["lane"] == "bulk" for e in paused)
+    assert resumed
+
+
+def test_loadtest_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
+    """`python -m loadtest --quick` runs every scenario against its own broker and worker
+    and writes the JSON and Markdown report and both plots (targets are judged only on
+    full runs; a quick run is a smoke test of the benchmark itself)."""
+    out = tmp_path / "report"
+    done = subprocess.run(
+        [sys.executable, "-m", "loadtest", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert {t["name"].split(" ")[0] for t in report["targets"]} >= {"bulk", "single-text"}
+    assert report["e2e"]["bulk"]["sentences"]["errors"] == 0
+    assert report["e2e"]["bulk"]["sentences"]["texts_per_s"] > 0
+    assert report["inprocess"]["st_default"]["texts_per_s"] > 0
+    assert all(row["n"] > 0 for row in report["e2e"]["interactive"]["alone"])
+    for name in ("report.md", "latency_vs_load.png", "throughput_vs_max_batch_tokens.png"):
+        assert (out / name).stat().st_size > 0
