@@ -50,6 +50,7 @@ def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
     length = encoder.info.max_seq_length
     rows = max(1, min(settings.max_batch_size, settings.max_batch_tokens // length))
     encoder.encode([[0] * length] * rows)
+    encoder.encode([[0] * 8])  # a lone short text takes its own (single-thread) path
 
 
 async def run_worker(settings: WorkerSettings) -> None:

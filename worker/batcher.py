@@ -88,10 +88,12 @@ class Batcher(Generic[J]):
         longest = max(item.length for item in self._waiting.values())
         return len(self._waiting) * longest >= self.max_batch_tokens
 
-    def next_batch(self) -> list[Item[J]]:
-        """Remove and return the next batch (empty if nothing waits)."""
+    def next_batch(self, max_tokens: int | None = None) -> list[Item[J]]:
+        """Remove and return the next batch (empty if nothing waits); ``max_tokens`` lowers
+        the token budget for this batch only."""
         if not self._waiting:
             return []
+        budget = min(self.max_batch_tokens, max_tokens or self.max_batch_tokens)
         candidates = self._window()
         candidates.sort(key=lambda it: (it.length, it.seq))
         lengths = [it.length for it in candidates]
@@ -104,8 +106,8 @@ class Batcher(Generic[J]):
         while hi - lo < self.max_batch_size:
             # Shorter neighbour: padded to `longest`. Longer neighbour: everyone padded more.
             size = hi - lo + 1
-            left_ok = lo > 0 and size * longest <= self.max_batch_tokens
-            right_ok = hi < len(lengths) and size * lengths[hi] <= self.max_batch_tokens
+            left_ok = lo > 0 and size * longest <= budget
+            right_ok = hi < len(lengths) and size * lengths[hi] <= budget
             if left_ok and right_ok:
                 waste_left = longest - lengths[lo - 1]
                 waste_right = (hi - lo) * (lengths[hi] - longest)
@@ -143,9 +145,20 @@ class LaneScheduler(Generic[J]):
     When both lanes have a batch ready, interactive batches go first, but after
     ``bulk_every - 1`` interactive batches in a row the next one is bulk, so a flood of
     interactive traffic still leaves bulk ingestion at least 1/``bulk_every`` of the batches.
+
+    A running batch cannot be interrupted, so while interactive inputs keep arriving (one
+    came within ``interactive_recent_s``) bulk batches are cut at ``busy_bulk_tokens``: an
+    interactive input then waits behind at most one short bulk batch.
     """
 
-    def __init__(self, max_batch_tokens: int, max_batch_size: int, bulk_every: int) -> None:
+    def __init__(
+        self,
+        max_batch_tokens: int,
+        max_batch_size: int,
+        bulk_every: int,
+        busy_bulk_tokens: int | None = None,
+        interactive_recent_s: float = 1.0,
+    ) -> None:
         if bulk_every < 1:
             raise ValueError("bulk_every must be >= 1")
         self.lanes: dict[str, Batcher[J]] = {
@@ -153,6 +166,9 @@ class LaneScheduler(Generic[J]):
             BULK: Batcher(max_batch_tokens, max_batch_size),
         }
         self.bulk_every = bulk_every
+        self.busy_bulk_tokens = busy_bulk_tokens
+        self.interactive_recent_s = interactive_recent_s
+        self._last_interactive = float("-inf")
         self._interactive_streak = 0
         self._bulk_owed = False
 
@@ -161,6 +177,8 @@ class LaneScheduler(Generic[J]):
 
     def add(self, lane: str, item: Item[J]) -> None:
         self.lanes[lane].add(item)
+        if lane == INTERACTIVE:
+            self._last_interactive = max(self._last_interactive, item.enqueued)
 
     def put_back(self, lane: str, items: list[Item[J]]) -> None:
         self.lanes[lane].put_back(items)
@@ -204,5 +222,7 @@ class LaneScheduler(Generic[J]):
         if bulk:
             self._bulk_owed = interactive  # chosen over ready interactive work: bulk's share
             self._interactive_streak = 0
-            return BULK, self.lanes[BULK].next_batch()
+            busy = now - self._last_interactive < self.interactive_recent_s
+            cap = self.busy_bulk_tokens if busy else None
+            return BULK, self.lanes[BULK].next_batch(cap)
         return None

@@ -92,6 +92,8 @@ def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
         return str, [str(a) for a in typing.get_args(annotation)]
     if origin in (typing.Union, types.UnionType) and len(args) == 1:
         return _flag_type(args[0])
+    if annotation is bool:
+        return str, ["true", "false"]
     if annotation in (int, float):
         return annotation, None
     return str, None
@@ -110,6 +112,9 @@ def _run_worker(args: argparse.Namespace) -> int:
         return 2
     # Never reach for a model hub at run time: models come from local files only.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # One tokenizer thread is enough and leaves the cores to the encoder (the Rust
+    # tokenizer would otherwise spread each large batch over every core).
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from worker.app import run_worker
 
     asyncio.run(run_worker(settings))

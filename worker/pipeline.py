@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +45,8 @@ log = structlog.get_logger("kembed.worker")
 # Below this many characters, tokenizing on the event loop (~10 us per short text) beats
 # handing the work to the tokenizer thread and back.
 _INLINE_TOKENIZE_CHARS = 4096
+# Bulk texts tokenized per step (about 10-30 ms of one core).
+_BULK_TOKENIZE_TEXTS = 512
 
 
 @dataclass(eq=False, slots=True)
@@ -90,7 +92,10 @@ class Pipeline:
             dim=encoder.info.dim,
         )
         self._scheduler: LaneScheduler[Job] = LaneScheduler(
-            settings.max_batch_tokens, settings.max_batch_size, settings.bulk_every
+            settings.max_batch_tokens,
+            settings.max_batch_size,
+            settings.bulk_every,
+            busy_bulk_tokens=settings.busy_bulk_batch_tokens,
         )
         self._max_wait = settings.max_batch_wait_ms / 1000
         self._tracker = OffsetTracker()
@@ -214,9 +219,11 @@ class Pipeline:
             if lane == INTERACTIVE:
                 await self._tokenize(lane, accepted[lane])
             else:
-                # A large bulk poll must not hold up the next poll's interactive records; the
-                # single tokenizer thread keeps bulk requests in order.
-                self._spawn(self._tokenize(lane, accepted[lane]))
+                # A large bulk poll must not hold up the next poll's interactive records, nor
+                # take the CPU in one long burst: it is tokenized in chunks, in order (one
+                # tokenizer thread), each queued for batching as soon as it is ready.
+                for chunk in _chunks(accepted[lane], _BULK_TOKENIZE_TEXTS):
+                    self._spawn(self._tokenize(lane, chunk))
 
     async def _tokenize(self, lane: str, accepted: list[tuple[Record, EmbedRequest]]) -> None:
         texts = [
@@ -438,6 +445,22 @@ def _rejection(request: EmbedRequest, error: ErrorInfo) -> Rejected:
     return Rejected(
         request.id, request.reply_to, request.reply_partition, error, request.keys, request.meta
     )
+
+
+def _chunks(
+    accepted: list[tuple[Record, EmbedRequest]], max_texts: int
+) -> Iterator[list[tuple[Record, EmbedRequest]]]:
+    """Whole requests, grouped into chunks of about ``max_texts`` inputs."""
+    chunk: list[tuple[Record, EmbedRequest]] = []
+    texts = 0
+    for pair in accepted:
+        chunk.append(pair)
+        texts += len(pair[1].inputs)
+        if texts >= max_texts:
+            yield chunk
+            chunk, texts = [], 0
+    if chunk:
+        yield chunk
 
 
 def _names(partitions: Iterable[TopicPartition]) -> list[str]:

@@ -112,6 +112,14 @@ class WorkerSettings(BaseSettings):
         "measured on a 2-core AMX CPU: 2048; GPUs want 16384 or more).",
     )
     max_batch_size: int = Field(256, gt=0, description="Most inputs in one batch.")
+    busy_bulk_batch_tokens: int = Field(
+        1024,
+        gt=0,
+        description="While interactive requests are arriving (one in the last second), bulk "
+        "batches are cut at this many padded tokens instead of max_batch_tokens: a running "
+        "batch cannot be interrupted, so this bounds how long an interactive request waits "
+        "behind bulk work, for a little bulk throughput.",
+    )
     bulk_every: int = Field(
         4,
         gt=0,

@@ -69,11 +69,13 @@ async def test_bad_messages_are_answered_or_dead_lettered(
             await client.send_and_wait("embed.requests", value, headers=headers, partition=0)
         await client.send_and_wait("embed.requests", _request(valid_id), partition=0)
 
+    # Answers are published concurrently, so they may arrive in any order: wait for all.
+    expected = {*answered, valid_id}
     replies = await collect(
         kafka.bootstrap_servers,
         REPLIES,
-        lambda records: any(
-            dict(r.headers).get(CORRELATION_ID) == valid_id.encode() for r in records
+        lambda records: (
+            expected <= {dict(r.headers).get(CORRELATION_ID, b"").decode() for r in records}
         ),
     )
     results = {r.id: r for r in (decode_result(record.value) for record in replies)}

@@ -97,3 +97,27 @@ def test_put_back_restores_age_order_and_token_count() -> None:
     assert batcher.waiting_tokens == 40
     assert batcher.oldest_enqueued() == 0.0
     assert [item.job for item in batcher.next_batch()] == ["x0", "x1"]
+
+
+def test_bulk_batches_shrink_while_interactive_traffic_is_recent() -> None:
+    """Bulk batches use the full budget when interactive is quiet, and busy_bulk_tokens
+    within interactive_recent_s of the last interactive input."""
+    lanes: LaneScheduler[str] = LaneScheduler(
+        max_batch_tokens=100, max_batch_size=100, bulk_every=4, busy_bulk_tokens=30
+    )
+    for i in range(40):
+        lanes.add(BULK, _item(f"b{i}", length=10))
+    quiet = lanes.next_batch(now=0.0, max_wait=0.0)
+    assert quiet is not None
+    assert len(quiet[1]) == 10  # 100-token budget
+    lanes.add(INTERACTIVE, _item("i", length=10, at=5.0))
+    first = lanes.next_batch(now=5.0, max_wait=0.0)
+    assert first is not None
+    assert first[0] == INTERACTIVE
+    busy = lanes.next_batch(now=5.5, max_wait=0.0)
+    assert busy is not None
+    assert busy[0] == BULK
+    assert len(busy[1]) == 3  # 30-token budget while interactive is recent
+    later = lanes.next_batch(now=7.0, max_wait=0.0)
+    assert later is not None
+    assert len(later[1]) == 10
