@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -140,27 +141,32 @@ async def run_e2e(
         for rate in tqdm(plan.rates, desc="interactive alone", leave=False):
             latencies = await e2e.interactive(client, sentences, rate, plan.duration)
             out["interactive"]["alone"].append({"rate": rate, **percentiles(latencies)})
-        backlog = [sentences[i % len(sentences)] for i in range(plan.backlog)]
         for rate in tqdm(plan.loaded_rates, desc="interactive + backlog", leave=False):
-            task = asyncio.create_task(
-                e2e.bulk(
-                    bootstrap,
-                    backlog,
-                    plan.per_request,
-                    topic="embed.requests.bulk",
-                    reply_topic=BULK_RESULTS,
-                )
+            bulk = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "loadtest.bulk_client",
+                bootstrap,
+                str(plan.backlog),
+                str(plan.per_request),
+                "embed.requests.bulk",
+                BULK_RESULTS,
+                stdout=asyncio.subprocess.PIPE,
             )
+            assert bulk.stdout is not None
+            await bulk.stdout.readline()  # "started"
             await asyncio.sleep(0.5)  # let the backlog land in Kafka first
-            latencies = await e2e.interactive(client, sentences, rate, 600, until=task)
-            run = await task
+            finished = asyncio.ensure_future(bulk.wait())
+            latencies = await e2e.interactive(client, sentences, rate, 600, until=finished)
+            figures = json.loads((await bulk.stdout.read()).decode().strip().splitlines()[-1])
+            await finished
             out["interactive"]["with_backlog"].append(
                 {
                     "rate": rate,
                     **percentiles(latencies),
-                    "backlog_texts": run.texts,
-                    "bulk_texts_per_s": run.texts_per_s,
-                    "bulk_errors": run.errors,
+                    "backlog_texts": figures["texts"],
+                    "bulk_texts_per_s": figures["texts_per_s"],
+                    "bulk_errors": figures["errors"],
                 }
             )
     return out
