@@ -172,9 +172,6 @@ class LaneScheduler(Generic[J]):
         self._interactive_streak = 0
         self._bulk_owed = False
 
-    def __len__(self) -> int:
-        return sum(len(lane) for lane in self.lanes.values())
-
     def add(self, lane: str, item: Item[J]) -> None:
         self.lanes[lane].add(item)
         if lane == INTERACTIVE:

@@ -48,8 +48,8 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto``: fp16 on CUDA; bf16 on CPUs with native bf16 (measured ~3-4x fp32 on AMX,
-    STS-B within 0.01, see docs/performance.md); fp32 elsewhere."""
+    """``auto``: fp16 on CUDA; bf16 on CPUs with native bf16 (measured ~2x fp32 on a 2-core
+    AMX CPU, STS-B within 0.1 of fp32, see docs/performance.md); fp32 elsewhere."""
     if dtype != "auto":
         return _DTYPES[dtype]
     if device.type == "cuda":
