@@ -75,8 +75,10 @@ def percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-def run_inprocess(plan: Plan, dtype: str, sentences: list[str], mixed: list[str]) -> dict[str, Any]:
-    bench = InProcess("sentence-transformers/all-MiniLM-L6-v2", dtype)
+def run_inprocess(
+    plan: Plan, dtype: str, torch_compile: str, sentences: list[str], mixed: list[str]
+) -> dict[str, Any]:
+    bench = InProcess("sentence-transformers/all-MiniLM-L6-v2", dtype, torch_compile)
     sweep = []
     for budget in tqdm(plan.budgets, desc="in-process sweep", leave=False):
         row: dict[str, Any] = {"max_batch_tokens": budget}
@@ -103,6 +105,7 @@ def run_inprocess(plan: Plan, dtype: str, sentences: list[str], mixed: list[str]
     single = bench.single_latencies_ms(sentences, plan.single)
     return {
         "dtype": bench.encoder.info.dtype,
+        "compiled": bench.encoder.info.compiled,
         "sweep": sweep,
         "best_max_batch_tokens": best_row["max_batch_tokens"],
         "worker_max_batch_tokens": knee["max_batch_tokens"],
@@ -176,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--dtype", default="auto", help="worker and in-process precision")
+    parser.add_argument(
+        "--torch-compile",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="worker and in-process torch.compile setting",
+    )
     parser.add_argument("--out", type=Path, default=None, help="report folder")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
@@ -188,13 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     mixed = mixed_texts(sentences_all, plan.mixed)
     steps = tqdm(total=3, desc="loadtest", unit="step")
     results: dict[str, Any] = {"plan": plan.__dict__, "argv": sys.argv[1:]}
-    results["inprocess"] = run_inprocess(plan, args.dtype, sentences, mixed)
+    results["inprocess"] = run_inprocess(plan, args.dtype, args.torch_compile, sentences, mixed)
     steps.update()
     budget = results["inprocess"]["worker_max_batch_tokens"]
     with tempfile.TemporaryDirectory(prefix="kembed-loadtest-") as tmp:
         topics = (*DEFAULT_TOPICS, TopicSpec(BULK_RESULTS, 8))
         with LocalKafka(Path(tmp) / "kafka", topics=topics) as kafka:
-            settings = {"dtype": args.dtype, "max_batch_tokens": budget}
+            settings = {
+                "dtype": args.dtype,
+                "torch_compile": args.torch_compile,
+                "max_batch_tokens": budget,
+            }
             worker = WorkerProcess(kafka.bootstrap_servers, out / "worker.log", **settings)
             try:
                 worker.wait_ready()

@@ -29,9 +29,12 @@ if [ ! -f "$venv/.kembed-complete" ]; then
   touch "$venv/.kembed-complete"
 fi
 
-# Point the shared environment at this clone (cheap: metadata only).
+# Point the shared environment at this clone (cheap: metadata only). "compat" mode is a
+# plain path entry, so code run from another clone's root (python -m, pytest) still imports
+# that clone's packages first, never this one's.
 log="$cache/bootstrap-install.log"
-"$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$root" >"$log" 2>&1 \
+"$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation \
+  --config-settings editable_mode=compat -e "$root" >"$log" 2>&1 \
   || { cat "$log" >&2; exit 1; }
 ln -sfn "$venv" "$root/.venv"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,11 @@ from scripts.kafka_local import LocalKafka
 from scripts.worker_process import ROOT, WorkerProcess
 
 __all__ = ["ROOT", "StsPair", "WorkerProcess", "load_stsb"]
+
+# Test workers run the model eagerly unless a test asks for torch.compile: compiling costs
+# ~25 s per worker start, and the compiled path has its own tests (the bf16 worker in
+# test_performance_paths, the encoder in test_models).
+os.environ.setdefault("KEMBED_TORCH_COMPILE", "off")
 
 
 @pytest.fixture(scope="session")

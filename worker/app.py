@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
@@ -27,7 +28,7 @@ _RECORD_OVERHEAD = 64 * 1024
 def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozenset[str]]:
     """Load the encoder and tokenizer, and the names requests may use for the model."""
     from worker.encoder.models import aliases_for, resolve_model_dir
-    from worker.encoder.torch_backend import TorchEncoder
+    from worker.encoder.torch_backend import TorchEncoder, resolve_compile, resolve_device
 
     model_dir = resolve_model_dir(settings.model)
     probe = TextTokenizer.from_model_dir(model_dir, 512)
@@ -39,6 +40,7 @@ def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozen
         max_seq_length=settings.max_seq_length,
         pad_id=probe.pad_id,
         threads=settings.torch_threads,
+        compile=resolve_compile(settings.torch_compile, resolve_device(settings.device)),
     )
     tokenizer = TextTokenizer.from_model_dir(model_dir, encoder.info.max_seq_length)
     names = frozenset({settings.served_name(), settings.model, *aliases_for(settings.model)})
@@ -46,7 +48,9 @@ def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozen
 
 
 def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
-    """Run the largest batch shape once, so the first real request pays no start-up cost."""
+    """Run the largest batch shape once, so the first real request pays no start-up cost
+    (and a compiled model is compiled now). Must run on the thread that will encode: torch's
+    thread count is per thread, and a compiled graph is specialized on it."""
     length = encoder.info.max_seq_length
     rows = max(1, min(settings.max_batch_size, settings.max_batch_tokens // length))
     encoder.encode([[0] * length] * rows)
@@ -58,9 +62,10 @@ async def run_worker(settings: WorkerSettings) -> None:
     log.info("worker.starting", settings=redacted(settings.model_dump()))
     loop = asyncio.get_running_loop()
     started = time.monotonic()
-    encoder, tokenizer, names = await loop.run_in_executor(None, load_model, settings)
+    encode_thread = ThreadPoolExecutor(1, thread_name_prefix="kembed-encoder")
+    encoder, tokenizer, names = await loop.run_in_executor(encode_thread, load_model, settings)
     loaded = time.monotonic()
-    await loop.run_in_executor(None, warm_up, encoder, settings)
+    await loop.run_in_executor(encode_thread, warm_up, encoder, settings)
     log.info(
         "model.loaded",
         model=encoder.info.name,
@@ -69,6 +74,7 @@ async def run_worker(settings: WorkerSettings) -> None:
         device=encoder.info.device,
         max_seq_length=encoder.info.max_seq_length,
         pooling=encoder.info.pooling,
+        compiled=encoder.info.compiled,
         load_s=round(loaded - started, 3),
         warmup_s=round(time.monotonic() - loaded, 3),
     )
@@ -95,6 +101,7 @@ async def run_worker(settings: WorkerSettings) -> None:
         encoder=encoder,
         settings=settings,
         model_names=names,
+        encode_thread=encode_thread,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _stop, pipeline, sig)

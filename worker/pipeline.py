@@ -79,6 +79,7 @@ class Pipeline:
         encoder: Encoder,
         settings: WorkerSettings,
         model_names: frozenset[str],
+        encode_thread: ThreadPoolExecutor | None = None,
     ) -> None:
         self._source = source
         self._tokenizer = tokenizer
@@ -107,7 +108,11 @@ class Pipeline:
             dlq_topic=settings.dlq_topic,
             on_fatal=self._fail_worker,
         )
-        self._encode_thread = ThreadPoolExecutor(1, thread_name_prefix="kembed-encoder")
+        # One thread runs every batch: the encoder is not thread-safe, and torch's thread
+        # settings (and a compiled model's specializations) belong to that thread.
+        self._encode_thread = encode_thread or ThreadPoolExecutor(
+            1, thread_name_prefix="kembed-encoder"
+        )
         self._tokenize_thread = ThreadPoolExecutor(1, thread_name_prefix="kembed-tokenizer")
         self._work_waiting = asyncio.Event()
         self._progress = asyncio.Event()  # set whenever a record is answered

@@ -12,6 +12,7 @@ import pytest
 from producer_sdk import EmbedClient, EmbedError
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
+from worker.encoder import torch_backend
 from worker.encoder.torch_backend import TorchEncoder
 from worker.tokenization import TextTokenizer
 
@@ -73,3 +74,24 @@ async def test_worker_serves_a_model_directory_under_its_name(
         assert caught.value.code == "unknown_model"
     finally:
         assert worker.stop() == 0
+
+
+def test_a_failing_compiler_falls_back_to_the_eager_model(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When torch.compile cannot build the model (no C++ compiler, an op inductor cannot
+    lower), the encoder serves the same vectors eagerly and reports itself uncompiled."""
+
+    def broken_compile(model: object) -> object:
+        def fail(**kwargs: object) -> object:
+            raise RuntimeError("inductor: no working C++ compiler")
+
+        return fail
+
+    monkeypatch.setattr(torch_backend, "_compiled", broken_compile)
+    encoder = TorchEncoder(model_dir, "m", compile=True)
+    before = encoder.info.compiled
+    tokenizer = TextTokenizer.from_model_dir(model_dir, encoder.info.max_seq_length)
+    vectors = encoder.encode([t.ids for t in tokenizer.encode(TEXTS)])
+    assert (before, encoder.info.compiled) == (True, False)
+    assert np.allclose(vectors, _encode(model_dir, TEXTS), atol=1e-6)

@@ -22,6 +22,7 @@ class ModelInfo:
     pooling: str
     dtype: str
     device: str
+    compiled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
