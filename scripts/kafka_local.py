@@ -73,11 +73,16 @@ class TopicSpec:
     config: dict[str, str] = field(default_factory=dict)
 
 
+# Request topics (and the DLQ, which copies requests) take messages above the worker's
+# max_request_bytes (4 MiB), so an oversized request reaches the worker and is answered
+# with message_too_large instead of being refused by the broker with no answer at all.
+_LARGE_MESSAGES = {"max.message.bytes": str(8 * 1024 * 1024)}
+
 DEFAULT_TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec("embed.requests", 4),
+    TopicSpec("embed.requests", 4, _LARGE_MESSAGES),
     TopicSpec("embed.results", 8),
-    TopicSpec("embed.requests.bulk", 4),
-    TopicSpec("embed.requests.dlq", 1),
+    TopicSpec("embed.requests.bulk", 4, _LARGE_MESSAGES),
+    TopicSpec("embed.requests.dlq", 1, _LARGE_MESSAGES),
 )
 
 

@@ -82,7 +82,9 @@ async def run_worker(settings: WorkerSettings) -> None:
         settings.bootstrap_servers,
         client_id=settings.client_id,
         linger_ms=settings.linger_ms,
-        max_request_size=settings.max_result_bytes + _RECORD_OVERHEAD,
+        # Results, and dead letters that copy a request of up to max_request_bytes.
+        max_request_size=max(settings.max_result_bytes, settings.max_request_bytes)
+        + _RECORD_OVERHEAD,
     )
     source = KafkaSource(
         settings.bootstrap_servers,

@@ -47,6 +47,7 @@ log = structlog.get_logger("kembed.worker")
 _INLINE_TOKENIZE_CHARS = 4096
 # Bulk texts tokenized per step (about 10-30 ms of one core).
 _BULK_TOKENIZE_TEXTS = 512
+_EXPIRED_QUEUED = "deadline passed while queued, before computation"
 
 
 @dataclass(eq=False, slots=True)
@@ -107,6 +108,7 @@ class Pipeline:
             results_topic=settings.results_topic,
             dlq_topic=settings.dlq_topic,
             on_fatal=self._fail_worker,
+            retry_for_s=settings.publish_retry_s,
         )
         # One thread runs every batch: the encoder is not thread-safe, and torch's thread
         # settings (and a compiled model's specializations) belong to that thread.
@@ -301,8 +303,8 @@ class Pipeline:
                 self._scheduler.put_back(prepared.lane, prepared.items)
                 prepared = None
             elif prepared and self._refillable(prepared):
-                items = self._scheduler.refill(prepared.lane, prepared.items)
-                prepared = _Batch(prepared.lane, items, self._prepare(items))
+                items = self._live(self._scheduler.refill(prepared.lane, prepared.items))
+                prepared = _Batch(prepared.lane, items, self._prepare(items)) if items else None
             if prepared is None:
                 prepared = self._cut(now)
             if running is None and prepared is not None:
@@ -323,9 +325,39 @@ class Pipeline:
                     running, prepared = self._start(prepared), None
                 self._finish(*finished)
 
-    def _start(self, batch: _Batch) -> tuple[_Batch, asyncio.Future[npt.NDArray[np.float32]]]:
+    def _start(
+        self, batch: _Batch
+    ) -> tuple[_Batch, asyncio.Future[npt.NDArray[np.float32]]] | None:
+        """Run ``batch`` on the encoder thread, without the inputs that expired meanwhile."""
+        live = self._live(batch.items)
+        if not live:
+            return None
+        if len(live) < len(batch.items):
+            batch = _Batch(batch.lane, live, self._prepare(live))
         loop = asyncio.get_running_loop()
         return batch, loop.run_in_executor(self._encode_thread, self._encoder.run, batch.prepared)
+
+    def _live(self, items: list[Item[Job]]) -> list[Item[Job]]:
+        """``items`` without inputs of requests already answered or past their deadline; the
+        latter are answered now with deadline_exceeded. Neither reaches the encoder."""
+        now_ms = int(time.time() * 1000)
+        live = []
+        for item in items:
+            job = item.job
+            deadline = job.request.deadline_ms
+            if not job.settled and deadline is not None and deadline <= now_ms:
+                record = job.record
+                log.info(
+                    "request.deadline_exceeded",
+                    request_id=job.request.id,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                )
+                self._settle(job, ErrorInfo(ErrorCode.DEADLINE_EXCEEDED, _EXPIRED_QUEUED))
+            if not job.settled:
+                live.append(item)
+        return live
 
     def _refillable(self, batch: _Batch) -> bool:
         """A prepared batch less than half full is cut again when new inputs of its lane
@@ -339,11 +371,12 @@ class Pipeline:
         )
 
     def _cut(self, now: float) -> _Batch | None:
-        chosen = self._scheduler.next_batch(now, self._max_wait)
-        if chosen is None:
-            return None
-        lane, items = chosen
-        return _Batch(lane, items, self._prepare(items))
+        while (chosen := self._scheduler.next_batch(now, self._max_wait)) is not None:
+            lane, items = chosen
+            items = self._live(items)
+            if items:
+                return _Batch(lane, items, self._prepare(items))
+        return None
 
     def _prepare(self, items: list[Item[Job]]) -> Prepared:
         return self._encoder.prepare([item.ids for item in items])

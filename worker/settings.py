@@ -173,6 +173,14 @@ class WorkerSettings(BaseSettings):
         description="On SIGTERM or a partition revocation: how long to finish and publish "
         "in-flight requests before leaving them to be redelivered.",
     )
+    publish_retry_s: float = Field(
+        300.0,
+        gt=0,
+        description="How long a result that cannot be published for a transient reason "
+        "(broker restarting or unreachable, leader moving) is retried, with backoff, before "
+        "the worker exits so that its requests are redelivered. Nothing is committed past "
+        "an unpublished result meanwhile.",
+    )
     commit_interval_ms: int = Field(
         200, gt=0, description="How often acknowledged offsets are committed."
     )

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from worker.ports import PublishError
 
@@ -63,6 +63,7 @@ class KafkaPublisher:
             )
             await future
         except KafkaError as exc:
-            raise PublishError(
-                f"{type(exc).__name__}: {exc}", retriable=bool(getattr(exc, "retriable", False))
-            ) from exc
+            # A batch that timed out waiting for a broker (restarting, unreachable) is as
+            # transient as the retriable errors, though aiokafka does not mark it so.
+            retriable = bool(getattr(exc, "retriable", False)) or isinstance(exc, KafkaTimeoutError)
+            raise PublishError(f"{type(exc).__name__}: {exc}", retriable=retriable) from exc
