@@ -24,7 +24,7 @@ from prometheus_client.exposition import generate_latest
 __all__ = ["CONTENT_TYPE", "METRIC_NAMES", "Metrics"]
 
 # The *_created samples double a scrape's size and no dashboard uses them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
