@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import structlog
 
-from worker.encoder import Encoder
+from worker.encoder import Encoder, ModelInfo
 from worker.kafka.publisher import KafkaPublisher
 from worker.kafka.source import KafkaSource
+from worker.observability.http import HttpServer
 from worker.observability.logging import configure_logging, redacted
+from worker.observability.metrics import CONTENT_TYPE, Metrics
+from worker.observability.probes import Probes
 from worker.pipeline import Pipeline
 from worker.settings import WorkerSettings
 from worker.tokenization import TextTokenizer
@@ -20,6 +27,11 @@ from worker.tokenization import TextTokenizer
 __all__ = ["load_model", "run_worker"]
 
 log = structlog.get_logger("kembed.worker")
+
+try:
+    VERSION = version("kembed")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    VERSION = "0+unknown"
 
 # Kafka's record overhead on top of the value, for the producer's request-size limit.
 _RECORD_OVERHEAD = 64 * 1024
@@ -59,13 +71,47 @@ def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
 
 async def run_worker(settings: WorkerSettings) -> None:
     configure_logging(settings.log_level, settings.log_format)
-    log.info("worker.starting", settings=redacted(settings.model_dump()))
+    log.info("worker.starting", version=VERSION, settings=redacted(settings.model_dump()))
+    metrics = Metrics()
+    probes = Probes(stuck_batch_s=settings.health_stuck_batch_s)
+    info: dict[str, Any] = worker_info(settings, None)
+    metrics.ready.set_function(partial(_ready_value, probes))
+    server = HttpServer(
+        settings.http_host,
+        settings.http_port,
+        {
+            "/health": probes.health_response,
+            "/ready": probes.ready_response,
+            "/metrics": lambda: (200, CONTENT_TYPE, metrics.exposition()),
+            "/info": lambda: (200, "application/json", _json(info)),
+        },
+    )
+    await server.start()
+    log.info("http.started", host=settings.http_host, port=server.port)
+    watcher = asyncio.create_task(probes.watch_loop())
+    try:
+        await _serve(settings, metrics, probes, info)
+    finally:
+        watcher.cancel()
+        await server.stop()
+    log.info("worker.stopped")
+
+
+async def _serve(
+    settings: WorkerSettings, metrics: Metrics, probes: Probes, info: dict[str, Any]
+) -> None:
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     encode_thread = ThreadPoolExecutor(1, thread_name_prefix="kembed-encoder")
     encoder, tokenizer, names = await loop.run_in_executor(encode_thread, load_model, settings)
     loaded = time.monotonic()
+    probes.phase = "warming"
     await loop.run_in_executor(encode_thread, warm_up, encoder, settings)
+    warmed = time.monotonic()
+    metrics.model_load_seconds.set(loaded - started)
+    metrics.warmup_seconds.set(warmed - loaded)
+    info.update(worker_info(settings, encoder.info, names))
+    metrics.info.info({k: str(v) for k, v in info["model"].items()} | {"version": VERSION})
     log.info(
         "model.loaded",
         model=encoder.info.name,
@@ -76,8 +122,9 @@ async def run_worker(settings: WorkerSettings) -> None:
         pooling=encoder.info.pooling,
         compiled=encoder.info.compiled,
         load_s=round(loaded - started, 3),
-        warmup_s=round(time.monotonic() - loaded, 3),
+        warmup_s=round(warmed - loaded, 3),
     )
+    probes.phase = "joining"
     publisher = KafkaPublisher(
         settings.bootstrap_servers,
         client_id=settings.client_id,
@@ -104,12 +151,15 @@ async def run_worker(settings: WorkerSettings) -> None:
         settings=settings,
         model_names=names,
         encode_thread=encode_thread,
+        metrics=metrics,
     )
+    probes.pipeline = pipeline
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _stop, pipeline, sig)
+        loop.add_signal_handler(sig, _stop, pipeline, probes, sig)
     await publisher.start()
     try:
         await source.start(pipeline.on_revoked, pipeline.on_assigned)
+        probes.phase = "serving"
         log.info(
             "worker.started",
             topic=settings.requests_topic,
@@ -119,12 +169,59 @@ async def run_worker(settings: WorkerSettings) -> None:
         try:
             await pipeline.run()
         finally:
+            probes.phase = "stopped"
             await source.stop()
     finally:
         await publisher.stop()
-    log.info("worker.stopped")
 
 
-def _stop(pipeline: Pipeline, sig: signal.Signals) -> None:
+def worker_info(
+    settings: WorkerSettings, model: ModelInfo | None, names: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """What /info reports: built field by field from settings, so no secret can slip in."""
+    return {
+        "version": VERSION,
+        "model": None
+        if model is None
+        else {
+            "name": model.name,
+            "dim": model.dim,
+            "dtype": model.dtype,
+            "device": model.device,
+            "compiled": model.compiled,
+            "max_seq_length": model.max_seq_length,
+            "pooling": model.pooling,
+        },
+        "served_names": sorted(names),
+        "batching": {
+            "max_batch_tokens": settings.max_batch_tokens,
+            "max_batch_size": settings.max_batch_size,
+            "max_batch_wait_ms": settings.max_batch_wait_ms,
+            "busy_bulk_batch_tokens": settings.busy_bulk_batch_tokens,
+            "bulk_every": settings.bulk_every,
+            "max_inflight_inputs": settings.max_inflight_inputs,
+            "max_client_batch_size": settings.max_client_batch_size,
+        },
+        "topics": {
+            "requests": settings.requests_topic,
+            "bulk": settings.bulk_topic,
+            "results": settings.results_topic,
+            "dlq": settings.dlq_topic,
+        },
+        "group_id": settings.group_id,
+        "client_id": settings.client_id,
+    }
+
+
+def _ready_value(probes: Probes) -> float:
+    return 1.0 if probes.ready()[0] else 0.0
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    return (json.dumps(body) + "\n").encode()
+
+
+def _stop(pipeline: Pipeline, probes: Probes, sig: signal.Signals) -> None:
     log.info("worker.stopping", signal=sig.name)
+    probes.phase = "draining"
     pipeline.stop()

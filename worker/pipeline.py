@@ -21,6 +21,7 @@ import time
 from collections.abc import Coroutine, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from schemas import EmbedRequest, ErrorCode, ErrorInfo
 from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler
 from worker.decode import Accepted, Limits, Rejected, decode_record
 from worker.encoder import Encoder, Prepared
+from worker.observability.metrics import Metrics
 from worker.offsets import OffsetTracker
 from worker.ports import Publisher, Record, Source, TopicPartition
 from worker.publish import encode_error, encode_vectors
@@ -68,6 +70,7 @@ class _Batch:
     lane: str
     items: list[Item[Job]]
     prepared: Prepared
+    started: float = 0.0
 
 
 class Pipeline:
@@ -81,8 +84,10 @@ class Pipeline:
         settings: WorkerSettings,
         model_names: frozenset[str],
         encode_thread: ThreadPoolExecutor | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._source = source
+        self._metrics = metrics or Metrics()
         self._tokenizer = tokenizer
         self._encoder = encoder
         self._settings = settings
@@ -109,6 +114,8 @@ class Pipeline:
             dlq_topic=settings.dlq_topic,
             on_fatal=self._fail_worker,
             retry_for_s=settings.publish_retry_s,
+            on_retry=self._metrics.publish_retries.inc,
+            on_dead_letter=lambda code: self._metrics.dlq_messages.labels(code).inc(),
         )
         # One thread runs every batch: the encoder is not thread-safe, and torch's thread
         # settings (and a compiled model's specializations) belong to that thread.
@@ -121,7 +128,31 @@ class Pipeline:
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight = {INTERACTIVE: 0, BULK: 0}  # inputs accepted and not answered
+        self._inflight_tokens = {INTERACTIVE: 0, BULK: 0}  # their tokens, once tokenized
+        self._tokens_per_request = {INTERACTIVE: 0.0, BULK: 0.0}  # moving average
         self._paused: set[str] = set()
+        self._running_since: float | None = None
+        for lane in (INTERACTIVE, BULK):
+            m = self._metrics
+            m.inflight_inputs.labels(lane).set_function(partial(self._inflight.__getitem__, lane))
+            m.inflight_tokens.labels(lane).set_function(
+                partial(self._inflight_tokens.__getitem__, lane)
+            )
+            m.paused_partitions.labels(lane).set_function(partial(self._paused_count, lane))
+
+    # ------------------------------------------------------------------ probes
+
+    def assigned_partitions(self) -> set[TopicPartition]:
+        return self._source.assignment()
+
+    def encoder_busy_seconds(self) -> float | None:
+        started = self._running_since
+        return None if started is None else time.monotonic() - started
+
+    def failure(self) -> BaseException | None:
+        if self._failure.done() and not self._failure.cancelled():
+            return self._failure.exception()
+        return None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -135,6 +166,7 @@ class Pipeline:
             asyncio.create_task(self._fetch_loop(), name="fetch"),
             asyncio.create_task(self._batch_loop(), name="batch"),
             asyncio.create_task(self._commit_loop(), name="commit"),
+            asyncio.create_task(self._lag_loop(), name="lag"),
         ]
         stopping = asyncio.create_task(self._stopping.wait())
         try:
@@ -265,6 +297,7 @@ class Pipeline:
                 self._reject(record, _rejection(request, error), reserved=len(pieces))
                 return
         count = len(pieces)
+        self._inflight_tokens[lane] += sum(len(piece.ids) for piece in pieces)
         job = Job(
             record=record,
             request=request,
@@ -287,6 +320,9 @@ class Pipeline:
             self._paused.discard(lane)
             self._source.resume(self._lane_partitions(lane))
             log.info("partitions.resumed", lane=lane, in_flight_inputs=self._inflight[lane])
+
+    def _paused_count(self, lane: str) -> int:
+        return len(self._lane_partitions(lane)) if lane in self._paused else 0
 
     def _lane_partitions(self, lane: str) -> set[TopicPartition]:
         return {tp for tp in self._source.assignment() if self._lane(tp[0]) == lane}
@@ -334,8 +370,21 @@ class Pipeline:
             return None
         if len(live) < len(batch.items):
             batch = _Batch(batch.lane, live, self._prepare(live))
+        batch.started = self._running_since = time.monotonic()
+        self._observe_batch(batch)
         loop = asyncio.get_running_loop()
         return batch, loop.run_in_executor(self._encode_thread, self._encoder.run, batch.prepared)
+
+    def _observe_batch(self, batch: _Batch) -> None:
+        m, lane = self._metrics, batch.lane
+        padded = batch.prepared.padded_tokens
+        real = sum(len(item.ids) for item in batch.items)
+        m.batch_size.labels(lane).observe(len(batch.items))
+        m.batch_padded_tokens.labels(lane).observe(padded)
+        m.batch_padding_ratio.labels(lane).observe(1 - real / padded if padded else 0.0)
+        queue = m.queue_seconds.labels(lane)
+        for item in batch.items:
+            queue.observe(batch.started - item.enqueued)
 
     def _live(self, items: list[Item[Job]]) -> list[Item[Job]]:
         """``items`` without inputs of requests already answered or past their deadline; the
@@ -382,6 +431,9 @@ class Pipeline:
         return self._encoder.prepare([item.ids for item in items])
 
     def _finish(self, batch: _Batch, future: asyncio.Future[npt.NDArray[np.float32]]) -> None:
+        if self._running_since == batch.started:
+            self._running_since = None
+        self._metrics.inference_seconds.labels(batch.lane).observe(time.monotonic() - batch.started)
         error = future.exception()
         if error is not None:
             log.error("batch.failed", inputs=len(batch.items), error=type(error).__name__)
@@ -408,7 +460,14 @@ class Pipeline:
         else:
             value = encode_error(request.id, error, request.keys, request.meta)
         reply = ReplyTo(request.id, request.reply_to, request.reply_partition)
-        self._spawn(self._answer(job.record, reply, value, job.lane, len(job.tokens)))
+        outcome = "ok" if error is None else str(error.code)
+        tokens = sum(job.tokens)
+        self._inflight_tokens[job.lane] -= tokens
+        average = self._tokens_per_request[job.lane]
+        self._tokens_per_request[job.lane] = tokens if not average else 0.9 * average + 0.1 * tokens
+        self._spawn(
+            self._answer(job.record, reply, value, job.lane, len(job.tokens), outcome, tokens)
+        )
 
     # ------------------------------------------------------------------ publish
 
@@ -425,13 +484,30 @@ class Pipeline:
         )
         value = encode_error(rejected.request_id, rejected.error, rejected.keys, rejected.meta)
         reply = ReplyTo(rejected.request_id, rejected.reply_to, rejected.reply_partition)
-        self._spawn(self._answer(record, reply, value, self._lane(record.topic), reserved))
+        outcome = str(rejected.error.code)
+        lane = self._lane(record.topic)
+        self._spawn(self._answer(record, reply, value, lane, reserved, outcome, 0))
 
     async def _answer(
-        self, record: Record, reply: ReplyTo, value: bytes, lane: str, inputs: int
+        self,
+        record: Record,
+        reply: ReplyTo,
+        value: bytes,
+        lane: str,
+        inputs: int,
+        outcome: str,
+        tokens: int,
     ) -> None:
         if await self._replier.answer(record, reply, value):
             self._answered(record, lane, inputs)
+            m = self._metrics
+            m.requests.labels(self._model, outcome).inc()
+            m.inputs.labels(self._model, outcome).inc(inputs)
+            m.tokens.labels(self._model, outcome).inc(tokens)
+            if record.timestamp_ms is not None and record.timestamp_ms > 0:
+                m.latency_seconds.labels(lane).observe(
+                    max(0.0, time.time() - record.timestamp_ms / 1000)
+                )
 
     async def _dead_letter(self, record: Record, code: str, message: str) -> None:
         if await self._replier.dead_letter(record, code, message):
@@ -452,6 +528,25 @@ class Pipeline:
         self._tasks.discard(task)
         if not task.cancelled() and (error := task.exception()) is not None:
             self._fail_worker(error)
+
+    # ------------------------------------------------------------------ lag
+
+    async def _lag_loop(self, every: float = 1.0) -> None:
+        """Refresh the lag and backlog gauges from the consumer's fetch positions."""
+        shown: set[TopicPartition] = set()
+        while True:
+            lags = self._source.lag()
+            for tp in shown - lags.keys():
+                with contextlib.suppress(KeyError):
+                    self._metrics.consumer_lag.remove(tp[0], str(tp[1]))
+            for (topic, partition), lag in lags.items():
+                self._metrics.consumer_lag.labels(topic, str(partition)).set(lag)
+            shown = set(lags)
+            for lane in (INTERACTIVE, BULK):
+                waiting = sum(lag for tp, lag in lags.items() if self._lane(tp[0]) == lane)
+                estimate = waiting * self._tokens_per_request[lane] + self._inflight_tokens[lane]
+                self._metrics.backlog_tokens.labels(lane).set(estimate)
+            await asyncio.sleep(every)
 
     # ------------------------------------------------------------------ commit
 

@@ -62,6 +62,10 @@ class Source(Protocol):
 
     def resume(self, partitions: set[TopicPartition]) -> None: ...
 
+    def lag(self) -> dict[TopicPartition, int]:
+        """Per assigned partition whose positions are known: messages not yet fetched."""
+        ...
+
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Commit the given next-offsets-to-read (Kafka's convention)."""
         ...

@@ -46,9 +46,13 @@ class Replier:
         dlq_topic: str,
         on_fatal: Callable[[BaseException], None],
         retry_for_s: float = 300.0,
+        on_retry: Callable[[], None] = lambda: None,
+        on_dead_letter: Callable[[str], None] = lambda code: None,
     ) -> None:
         self._publisher = publisher
         self._retry_for_s = retry_for_s
+        self._on_retry = on_retry
+        self._on_dead_letter = on_dead_letter
         self._results_topic = results_topic
         self._dlq_topic = dlq_topic
         self._on_fatal = on_fatal
@@ -121,6 +125,7 @@ class Replier:
             )
             self._on_fatal(exc)
             return False
+        self._on_dead_letter(code)
         return True
 
     async def _send(
@@ -145,5 +150,6 @@ class Replier:
                 if not exc.retriable or time.monotonic() + delay > give_up:
                     raise
                 log.warning("publish.retrying", topic=topic, reason=exc.reason, delay_s=delay)
+                self._on_retry()
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 2.0)

@@ -173,6 +173,22 @@ class WorkerSettings(BaseSettings):
         description="On SIGTERM or a partition revocation: how long to finish and publish "
         "in-flight requests before leaving them to be redelivered.",
     )
+    http_host: str = Field(
+        "0.0.0.0",  # probes and scrapes come from outside the container
+        description="Address of the HTTP endpoint (/health, /ready, /metrics, /info).",
+    )
+    http_port: int = Field(
+        8080,
+        ge=0,
+        le=65535,
+        description="Port of the HTTP endpoint; 0 picks a free port (logged as http.started).",
+    )
+    health_stuck_batch_s: float = Field(
+        300.0,
+        gt=0,
+        description="/health fails when one encoder batch has run longer than this (a hung "
+        "device), so that the orchestrator restarts the worker.",
+    )
     publish_retry_s: float = Field(
         300.0,
         gt=0,

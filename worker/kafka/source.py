@@ -90,5 +90,26 @@ class KafkaSource:
     def resume(self, partitions: set[TopicPartition]) -> None:
         self._consumer.resume(*(KafkaTP(t, p) for t, p in partitions))
 
+    def lag(self) -> dict[TopicPartition, int]:
+        lags = {}
+        for tp in self._consumer.assignment():
+            highwater = self._consumer.highwater(tp)
+            position = self._position(tp)
+            if highwater is not None and position is not None:
+                lags[(tp.topic, tp.partition)] = max(0, highwater - position)
+        return lags
+
+    def _position(self, tp: KafkaTP) -> int | None:
+        # aiokafka's public position() is a coroutine that may reset the offset; the fetch
+        # position it keeps is all a lag gauge needs, and is read without side effects.
+        try:
+            state = self._consumer._subscription.subscription.assignment.state_value(tp)
+            if state is None or not state.has_valid_position:
+                return None
+            position: int = state.position
+        except (AttributeError, AssertionError):
+            return None
+        return position
+
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         await self._consumer.commit({KafkaTP(t, p): o for (t, p), o in offsets.items()})
