@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -21,6 +22,7 @@ from worker.observability.logging import configure_logging, redacted
 from worker.observability.metrics import CONTENT_TYPE, Metrics
 from worker.observability.probes import Probes
 from worker.pipeline import Pipeline
+from worker.quality import GateThresholds, QualityReport, default_pairs_path, load_pairs, validate
 from worker.settings import WorkerSettings
 from worker.tokenization import TextTokenizer
 
@@ -53,6 +55,7 @@ def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozen
         pad_id=probe.pad_id,
         threads=settings.torch_threads,
         compile=resolve_compile(settings.torch_compile, resolve_device(settings.device)),
+        quantization=settings.quantization,
     )
     tokenizer = TextTokenizer.from_model_dir(model_dir, encoder.info.max_seq_length)
     names = frozenset({settings.served_name(), settings.model, *aliases_for(settings.model)})
@@ -121,9 +124,19 @@ async def _serve(
         max_seq_length=encoder.info.max_seq_length,
         pooling=encoder.info.pooling,
         compiled=encoder.info.compiled,
+        quantization=encoder.info.quantization,
+        memory_mib=round(encoder.info.memory_bytes / 2**20, 1),
         load_s=round(loaded - started, 3),
         warmup_s=round(warmed - loaded, 3),
     )
+    if settings.quality_gate:
+        probes.phase = "validating"
+        report = await loop.run_in_executor(None, run_quality_gate, settings)
+        fields = report.as_dict()
+        if not report.passed:
+            log.error("quality_gate.failed", **fields)
+            raise QualityGateFailedError(report.summary())
+        log.info("quality_gate.passed", **fields)
     probes.phase = "joining"
     publisher = KafkaPublisher(
         settings.bootstrap_servers,
@@ -175,6 +188,18 @@ async def _serve(
         await publisher.stop()
 
 
+class QualityGateFailedError(RuntimeError):
+    """The configured precision failed the quality gate; the worker does not start."""
+
+
+def run_quality_gate(settings: WorkerSettings) -> QualityReport:
+    path = Path(settings.quality_gate_pairs) if settings.quality_gate_pairs else None
+    thresholds = GateThresholds(
+        settings.quality_max_spearman_drop, settings.quality_min_mean_cosine
+    )
+    return validate(settings, load_pairs(path or default_pairs_path()), thresholds)
+
+
 def worker_info(
     settings: WorkerSettings, model: ModelInfo | None, names: frozenset[str] = frozenset()
 ) -> dict[str, Any]:
@@ -189,6 +214,8 @@ def worker_info(
             "dtype": model.dtype,
             "device": model.device,
             "compiled": model.compiled,
+            "quantization": model.quantization,
+            "memory_bytes": model.memory_bytes,
             "max_seq_length": model.max_seq_length,
             "pooling": model.pooling,
         },

@@ -2,6 +2,7 @@
 
     kembed worker [--flag value ...]   run a worker (flags mirror KEMBED_* env vars)
     kembed embed TEXT [TEXT ...]       embed texts through Kafka and print JSON
+    kembed validate [--flag value ...] the quality gate: this precision against fp32
 
 Worker flags are generated from :class:`~worker.settings.WorkerSettings`, so a setting, its
 env var and its flag can never drift apart; a flag given on the command line wins over the
@@ -18,6 +19,7 @@ import sys
 import types
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -51,6 +53,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_settings_flags(worker)
     worker.set_defaults(handler=_run_worker)
+
+    validate = commands.add_parser(
+        "validate",
+        help="check a precision or quantization against fp32 on reference pairs",
+        description="Embed reference pairs (default: STS-B test, English) with the "
+        "configured model, dtype, quantization and compilation and with fp32, and report "
+        "Spearman x100 against gold for both and the cosine between them. Exit 0 when the "
+        "gate passes, 1 when it fails. Takes the worker's flags and KEMBED_* variables.",
+    )
+    _add_settings_flags(validate)
+    validate.add_argument("--pairs", type=Path, default=None, help="CSV text1,text2,score")
+    validate.add_argument("--limit", type=int, default=None, help="use the first N pairs")
+    validate.add_argument(
+        "--max-spearman-drop", type=float, default=None, help="gate threshold (default 0.5)"
+    )
+    validate.add_argument(
+        "--min-mean-cosine", type=float, default=None, help="gate threshold (default 0.99)"
+    )
+    validate.add_argument("--json", action="store_true", help="print the report as JSON")
+    validate.set_defaults(handler=_run_validate)
 
     embed = commands.add_parser(
         "embed", help="embed texts through Kafka and print the vectors as JSON"
@@ -99,7 +121,7 @@ def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
     return str, None
 
 
-def _run_worker(args: argparse.Namespace) -> int:
+def _settings(args: argparse.Namespace, command: str) -> WorkerSettings | None:
     overrides = {
         name: value
         for name in WorkerSettings.model_fields
@@ -108,17 +130,55 @@ def _run_worker(args: argparse.Namespace) -> int:
     try:
         settings = WorkerSettings(**overrides)
     except ValidationError as exc:
-        print(f"kembed worker: invalid settings:\n{exc}", file=sys.stderr)
-        return 2
+        print(f"kembed {command}: invalid settings:\n{exc}", file=sys.stderr)
+        return None
     # Never reach for a model hub at run time: models come from local files only.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # One tokenizer thread is enough and leaves the cores to the encoder (the Rust
     # tokenizer would otherwise spread each large batch over every core).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from worker.app import run_worker
+    return settings
 
-    asyncio.run(run_worker(settings))
+
+def _run_worker(args: argparse.Namespace) -> int:
+    settings = _settings(args, "worker")
+    if settings is None:
+        return 2
+    from worker.app import QualityGateFailedError, run_worker
+
+    try:
+        asyncio.run(run_worker(settings))
+    except QualityGateFailedError as exc:
+        print(f"kembed worker: quality gate failed, not starting: {exc}", file=sys.stderr)
+        return 3
     return 0
+
+
+def _run_validate(args: argparse.Namespace) -> int:
+    settings = _settings(args, "validate")
+    if settings is None:
+        return 2
+    from worker.quality import GateThresholds, default_pairs_path, load_pairs, validate
+
+    thresholds = GateThresholds(
+        settings.quality_max_spearman_drop
+        if args.max_spearman_drop is None
+        else args.max_spearman_drop,
+        settings.quality_min_mean_cosine if args.min_mean_cosine is None else args.min_mean_cosine,
+    )
+    path = args.pairs or Path(settings.quality_gate_pairs or default_pairs_path())
+    try:
+        pairs = load_pairs(path, args.limit)
+    except (OSError, ValueError, IndexError) as exc:
+        print(f"kembed validate: cannot read reference pairs {path}: {exc}", file=sys.stderr)
+        return 2
+    report = validate(settings, pairs, thresholds)
+    if args.json:
+        json.dump(report.as_dict(), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(report.summary())
+    return 0 if report.passed else 1
 
 
 def _run_embed(args: argparse.Namespace) -> int:
@@ -143,3 +203,7 @@ def _run_embed(args: argparse.Namespace) -> int:
     json.dump(output, sys.stdout)
     sys.stdout.write("\n")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

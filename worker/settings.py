@@ -100,6 +100,30 @@ class WorkerSettings(BaseSettings):
         description="Cap on tokens per input; unset means the model's own maximum. Longer "
         "inputs are truncated, or rejected when the request says truncate=false.",
     )
+    quantization: Literal["none", "int8", "nf4"] = Field(
+        "none",
+        description="Weight quantization with bitsandbytes: int8 (LLM.int8) or nf4 (4-bit "
+        "NormalFloat) for every linear layer, computing in `dtype`. Saves memory (the "
+        "embeddings stay unquantized); check quality with `kembed validate` first (on the "
+        "bundled model int8 kept STS-B within 0.05 of fp32, nf4 drifted to mean cosine "
+        "0.97). Slower than bf16 on CPUs.",
+    )
+    quality_gate: bool = Field(
+        False,
+        description="Before joining the group, run the quality gate (`kembed validate`) on "
+        "this model, dtype and quantization, and refuse to start (exit 3) if it fails.",
+    )
+    quality_gate_pairs: str | None = Field(
+        None,
+        description="CSV of reference pairs (text1,text2,gold score) for the gate; default "
+        "the STS-B test split (English) from KEMBED_STSB_DIR.",
+    )
+    quality_max_spearman_drop: float = Field(
+        0.5, ge=0, description="Gate: largest allowed drop of Spearman x100 against fp32."
+    )
+    quality_min_mean_cosine: float = Field(
+        0.99, ge=-1, le=1, description="Gate: smallest allowed mean cosine to fp32 vectors."
+    )
     torch_compile: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Run the model under torch.compile (inductor, dynamic shapes, frozen "

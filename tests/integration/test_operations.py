@@ -115,12 +115,14 @@ def test_info_matches_the_settings(
     status, body = get(f"{worker.http_url}/info")
     assert status == 200
     info = json.loads(body)
+    assert info["model"].pop("memory_bytes") > 20 * 2**20
     assert info["model"] == {
         "name": "sentence-transformers/all-MiniLM-L6-v2",
         "dim": 384,
         "dtype": "float32",
         "device": "cpu",
         "compiled": False,
+        "quantization": "none",
         "max_seq_length": 256,
         "pooling": "mean",
     }
