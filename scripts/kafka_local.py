@@ -31,6 +31,7 @@ import contextlib
 import fcntl
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -73,6 +74,7 @@ BOOTSTRAP_NAME = "bootstrap"
 OUT_NAME = "broker.out"
 LOG_NAME = "broker.log"
 LOG_DIRS_NAME = "kafka-logs"
+TLS_DIR_NAME = "tls"
 
 _T = TypeVar("_T")
 
@@ -275,16 +277,30 @@ def render_server_properties(
     return "".join(f"{key}={value}\n" for key, value in config.items())
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """A local CA (PEM, for clients' ``ssl_cafile``) and the broker's PKCS12 keystore."""
+
+    ca_file: Path
+    keystore: Path
+    password: str
+
+
 def secured_server_properties(
-    port: int, controller_port: int, admin_password: str
+    port: int,
+    controller_port: int,
+    admin_password: str,
+    tls: TlsFiles | None = None,
+    tls_port: int | None = None,
 ) -> dict[str, str]:
     """Overrides that turn ``render_server_properties`` into a SASL/SCRAM broker with ACLs.
 
     Clients use SASL_PLAINTEXT with SCRAM-SHA-256 or -512 (credentials live in the cluster
-    metadata, added at format time). The controller listener, loopback only, uses SASL PLAIN
-    with a static admin credential: the controller must authenticate the broker before any
-    SCRAM credential can be read. The broker talks to itself and to its controller as
-    ``admin``, the only super user; everyone else needs ACLs (``LocalKafka.grant``).
+    metadata, added at format time), and with ``tls`` also SASL_SSL on ``tls_port``. The
+    controller listener, loopback only, uses SASL PLAIN with a static admin credential: the
+    controller must authenticate the broker before any SCRAM credential can be read. The
+    broker talks to itself and to its controller as ``admin``, the only super user;
+    everyone else needs ACLs (``LocalKafka.grant``).
     """
     user, password = ADMIN_USER, admin_password
     scram = (
@@ -295,17 +311,21 @@ def secured_server_properties(
         "org.apache.kafka.common.security.plain.PlainLoginModule required "
         f'username="{user}" password="{password}" user_{user}="{password}";'
     )
-    return {
-        "listeners": f"SASL_PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
-        "advertised.listeners": f"SASL_PLAINTEXT://{HOST}:{port}",
-        "listener.security.protocol.map": (
-            "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT"
+    client_listeners = {"SASL_PLAINTEXT": port}
+    if tls is not None:
+        if tls_port is None:
+            raise ValueError("a TLS listener needs tls_port")
+        client_listeners["SASL_SSL"] = tls_port
+    endpoints = ",".join(f"{name}://{HOST}:{p}" for name, p in client_listeners.items())
+    config = {
+        "listeners": f"{endpoints},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": endpoints,
+        "listener.security.protocol.map": ",".join(
+            [*(f"{name}:{name}" for name in client_listeners), "CONTROLLER:SASL_PLAINTEXT"]
         ),
         "inter.broker.listener.name": "SASL_PLAINTEXT",
         "sasl.enabled.mechanisms": ",".join(SCRAM_MECHANISMS),
         "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
-        "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": scram,
-        "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": scram,
         "sasl.mechanism.controller.protocol": "PLAIN",
         "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
         "listener.name.controller.plain.sasl.jaas.config": plain,
@@ -313,6 +333,76 @@ def secured_server_properties(
         "allow.everyone.if.no.acl.found": "false",
         "super.users": f"User:{user}",
     }
+    for name in client_listeners:
+        for mechanism in SCRAM_MECHANISMS:
+            config[f"listener.name.{name.lower()}.{mechanism.lower()}.sasl.jaas.config"] = scram
+    if tls is not None:
+        prefix = "listener.name.sasl_ssl.ssl"
+        config[f"{prefix}.keystore.type"] = "PKCS12"
+        config[f"{prefix}.keystore.location"] = str(tls.keystore)
+        config[f"{prefix}.keystore.password"] = tls.password
+        config[f"{prefix}.key.password"] = tls.password
+    return config
+
+
+def _keytool() -> str:
+    sibling = Path(_java()).resolve().parent / "keytool"
+    if sibling.exists():
+        return str(sibling)
+    found = shutil.which("keytool")
+    if found is None:
+        raise RuntimeError("keytool (part of the JDK) is needed for a TLS listener")
+    return found
+
+
+def make_tls_files(directory: Path) -> TlsFiles:
+    """A CA and a broker certificate it signed for 127.0.0.1 (an IP SAN, so clients can
+    check the host name), made with the JDK's keytool once per ``directory``."""
+    ca_file, keystore = directory / "ca.pem", directory / "broker.p12"
+    secret = directory / "keystore-password"
+    if ca_file.exists() and keystore.exists() and secret.exists():
+        return TlsFiles(ca_file, keystore, secret.read_text().strip())
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True, mode=0o700)
+    password = secrets.token_hex(16)
+    env = {**os.environ, "KEMBED_KEYSTORE_PASSWORD": password}
+    store = ["-storetype", "PKCS12", "-storepass:env", "KEMBED_KEYSTORE_PASSWORD"]
+    key = ["-keyalg", "EC", "-groupname", "secp256r1", "-validity", "3650"]
+    ca, broker = str(directory / "ca.p12"), str(keystore)
+    csr, signed, chain = (
+        str(directory / name) for name in ("broker.csr", "broker.crt", "chain.pem")
+    )
+    steps = [
+        ["-genkeypair", "-alias", "ca", "-dname", "CN=kembed-local-ca", "-ext", "bc:c", *key,
+         "-keystore", ca, *store],
+        ["-exportcert", "-alias", "ca", "-rfc", "-file", str(ca_file), "-keystore", ca, *store],
+        ["-genkeypair", "-alias", "broker", "-dname", f"CN={HOST}", *key, "-keystore", broker,
+         *store],
+        ["-certreq", "-alias", "broker", "-file", csr, "-keystore", broker, *store],
+        ["-gencert", "-alias", "ca", "-infile", csr, "-rfc", "-outfile", signed,
+         "-ext", f"SAN=ip:{HOST}", "-ext", "EKU=serverAuth", "-validity", "3650",
+         "-keystore", ca, *store],
+    ]  # fmt: skip
+    for step in steps:
+        _run_keytool(step, env)
+    Path(chain).write_text(ca_file.read_text() + Path(signed).read_text())
+    _run_keytool(
+        ["-importcert", "-noprompt", "-alias", "broker", "-file", chain, "-keystore", broker,
+         *store],
+        env,
+    )  # fmt: skip
+    secret.write_text(password)
+    secret.chmod(0o600)
+    return TlsFiles(ca_file, keystore, password)
+
+
+def _run_keytool(args: list[str], env: Mapping[str, str]) -> None:
+    result = subprocess.run(
+        [_keytool(), *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr).strip()
+        raise RuntimeError(f"keytool {args[0]} failed:\n{output}")
 
 
 def _random_cluster_id() -> str:
@@ -535,7 +625,9 @@ class LocalKafka:
     start, and the StandardAuthorizer denies everything that no ACL allows. The users must
     include ``admin``, the super user that the broker itself and topic creation use; give
     the others rights with :meth:`grant` and connect with :meth:`client_config`. A data dir
-    keeps the users it was first formatted with.
+    keeps the users it was first formatted with. ``tls`` adds a SASL_SSL listener
+    (``tls_bootstrap_servers``) whose certificate, for 127.0.0.1, a local CA signed
+    (``ca_file``).
     """
 
     def __init__(
@@ -547,12 +639,16 @@ class LocalKafka:
         *,
         detach: bool = False,
         scram_users: Mapping[str, str] | None = None,
+        tls: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.topics = tuple(topics)
         self.extra_config = dict(extra_config or {})
         self.detach = detach
         self.scram_users = dict(scram_users or {})
+        self.tls = tls
+        if tls and not self.scram_users:
+            raise ValueError("tls=True needs scram_users (the TLS listener is SASL_SSL)")
         if self.scram_users:
             if ADMIN_USER not in self.scram_users:
                 raise ValueError(f"scram_users must include the super user {ADMIN_USER!r}")
@@ -564,6 +660,7 @@ class LocalKafka:
                     )
         self._port = port
         self._controller_port: int | None = None
+        self._tls_port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._reaper: weakref.finalize[Any, LocalKafka] | None = None
 
@@ -594,6 +691,18 @@ class LocalKafka:
     @property
     def secured(self) -> bool:
         return bool(self.scram_users)
+
+    @property
+    def tls_bootstrap_servers(self) -> str:
+        """The SASL_SSL listener's address (``tls=True``)."""
+        if self._tls_port is None:
+            raise RuntimeError("LocalKafka has a TLS listener only with tls=True, once started")
+        return f"{HOST}:{self._tls_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        """PEM certificate of the CA that signed the TLS listener's certificate."""
+        return self.data_dir / TLS_DIR_NAME / "ca.pem"
 
     @property
     def security_protocol(self) -> str:
@@ -740,12 +849,17 @@ class LocalKafka:
             self._port = _previous_port(self.data_dir) or free_port()
         while self._controller_port is None or self._controller_port == self._port:
             self._controller_port = free_port()
+        while self.tls and self._tls_port in (None, self._port, self._controller_port):
+            self._tls_port = free_port()
         return self._port, self._controller_port
 
     def _write_config(self, port: int, controller_port: int) -> None:
         extra = dict(self.extra_config)
         if self.secured:
-            secured = secured_server_properties(port, controller_port, self.scram_users[ADMIN_USER])
+            tls = make_tls_files(self.data_dir / TLS_DIR_NAME) if self.tls else None
+            secured = secured_server_properties(
+                port, controller_port, self.scram_users[ADMIN_USER], tls, self._tls_port
+            )
             extra = {**secured, **extra}
         text = render_server_properties(port, controller_port, self.data_dir / LOG_DIRS_NAME, extra)
         # Secured mode keeps the admin password in here: readable by its owner only.
