@@ -6,14 +6,17 @@ import asyncio
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import structlog
 
 from worker.encoder import Encoder
 from worker.kafka.publisher import KafkaPublisher
+from worker.kafka.security import client_options
 from worker.kafka.source import KafkaSource
 from worker.observability.logging import configure_logging, redacted
 from worker.pipeline import Pipeline
+from worker.ports import KafkaAccessError
 from worker.settings import WorkerSettings
 from worker.tokenization import TextTokenizer
 
@@ -58,8 +61,51 @@ def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
 
 
 async def run_worker(settings: WorkerSettings) -> None:
+    """Serve until SIGTERM. Raises KafkaAccessError (after logging it) when Kafka rejects
+    the worker's login or its principal lacks a right it needs."""
     configure_logging(settings.log_level, settings.log_format)
     log.info("worker.starting", settings=redacted(settings.model_dump()))
+    try:
+        await _serve(settings)
+    except KafkaAccessError as exc:
+        log.error(f"kafka.{exc.kind}_failed", reason=exc.reason)
+        raise
+    log.info("worker.stopped")
+
+
+def _topic_needs(settings: WorkerSettings) -> dict[str, set[str]]:
+    """What the worker's principal must be allowed to do, per topic."""
+    needs: dict[str, set[str]] = {}
+    for topic in (settings.requests_topic, settings.bulk_topic):
+        if topic:
+            needs.setdefault(topic, set()).add("read")
+    for topic in (settings.results_topic, settings.dlq_topic):
+        needs.setdefault(topic, set()).add("write")
+    return needs
+
+
+async def _serve(settings: WorkerSettings) -> None:
+    security = client_options(settings)
+    publisher = KafkaPublisher(
+        settings.bootstrap_servers,
+        client_id=settings.client_id,
+        linger_ms=settings.linger_ms,
+        max_request_size=settings.max_result_bytes + _RECORD_OVERHEAD,
+        security=security,
+    )
+    # Kafka first: a wrong password or a missing ACL fails in a second, not after the model
+    # has loaded (and compiled).
+    await publisher.start()
+    try:
+        await publisher.check_access(_topic_needs(settings), settings.group_id)
+        await _load_and_run(settings, publisher, security)
+    finally:
+        await publisher.stop()
+
+
+async def _load_and_run(
+    settings: WorkerSettings, publisher: KafkaPublisher, security: dict[str, Any]
+) -> None:
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     encode_thread = ThreadPoolExecutor(1, thread_name_prefix="kembed-encoder")
@@ -78,12 +124,6 @@ async def run_worker(settings: WorkerSettings) -> None:
         load_s=round(loaded - started, 3),
         warmup_s=round(time.monotonic() - loaded, 3),
     )
-    publisher = KafkaPublisher(
-        settings.bootstrap_servers,
-        client_id=settings.client_id,
-        linger_ms=settings.linger_ms,
-        max_request_size=settings.max_result_bytes + _RECORD_OVERHEAD,
-    )
     source = KafkaSource(
         settings.bootstrap_servers,
         [topic for topic in (settings.requests_topic, settings.bulk_topic) if topic],
@@ -93,6 +133,7 @@ async def run_worker(settings: WorkerSettings) -> None:
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        security=security,
     )
     pipeline = Pipeline(
         source=source,
@@ -105,22 +146,17 @@ async def run_worker(settings: WorkerSettings) -> None:
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _stop, pipeline, sig)
-    await publisher.start()
+    await source.start(pipeline.on_revoked, pipeline.on_assigned)
+    log.info(
+        "worker.started",
+        topic=settings.requests_topic,
+        bulk_topic=settings.bulk_topic,
+        group_id=settings.group_id,
+    )
     try:
-        await source.start(pipeline.on_revoked, pipeline.on_assigned)
-        log.info(
-            "worker.started",
-            topic=settings.requests_topic,
-            bulk_topic=settings.bulk_topic,
-            group_id=settings.group_id,
-        )
-        try:
-            await pipeline.run()
-        finally:
-            await source.stop()
+        await pipeline.run()
     finally:
-        await publisher.stop()
-    log.info("worker.stopped")
+        await source.stop()
 
 
 def _stop(pipeline: Pipeline, sig: signal.Signals) -> None:
