@@ -22,7 +22,12 @@ import numpy.typing as npt
 import structlog
 
 from producer_sdk.config import ClientConfig
-from producer_sdk.errors import ClientClosedError, EmbedError, EmbedTimeoutError
+from producer_sdk.errors import (
+    AuthorizationError,
+    ClientClosedError,
+    EmbedError,
+    EmbedTimeoutError,
+)
 from producer_sdk.pending import PendingCalls
 from producer_sdk.transport import Transport
 from schemas import EmbedRequest, ErrorResult, SchemaError, decode_result, encode_request
@@ -38,7 +43,7 @@ class EmbedClient:
         """Options are the fields of :class:`~producer_sdk.config.ClientConfig`."""
         self.config = ClientConfig(bootstrap_servers=bootstrap_servers, **options)
         self._pending = PendingCalls()
-        self._transport = Transport(self.config, self._on_reply)
+        self._transport = Transport(self.config, self._on_reply, self._on_failure)
         self._started = False
 
     async def __aenter__(self) -> EmbedClient:
@@ -86,7 +91,9 @@ class EmbedClient:
         """Embed ``texts``; a float32 array of shape (len(texts), dim), in input order.
 
         Raises EmbedError (with the wire ``code``) when the worker rejects the request,
-        EmbedTimeoutError when no result arrives within ``timeout`` seconds.
+        EmbedTimeoutError when no result arrives within ``timeout`` seconds, and
+        AuthorizationError at once when this client may not write the request topic (or
+        read the reply topic).
         """
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be a sequence of strings")
@@ -94,6 +101,8 @@ class EmbedClient:
             raise ValueError("texts must not be empty")
         if not self._started:
             raise ClientClosedError("the client is not started; use 'async with'")
+        if (failure := self._transport.failure) is not None:
+            raise AuthorizationError(failure.principal, failure.operation, failure.topic)
         wait = self.config.timeout if timeout is None else timeout
         request = EmbedRequest(
             id=uuid.uuid4().hex,
@@ -129,6 +138,9 @@ class EmbedClient:
             raise EmbedTimeoutError(request.id, timeout) from None
         finally:
             self._pending.discard(request.id)
+
+    def _on_failure(self, error: AuthorizationError) -> None:
+        self._pending.fail_all(error)
 
     def _on_reply(self, request_id: str | None, value: bytes) -> None:
         if request_id is not None and request_id not in self._pending:

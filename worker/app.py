@@ -16,12 +16,14 @@ import structlog
 
 from worker.encoder import Encoder, ModelInfo
 from worker.kafka.publisher import KafkaPublisher
+from worker.kafka.security import client_options
 from worker.kafka.source import KafkaSource
 from worker.observability.http import HttpServer
 from worker.observability.logging import configure_logging, redacted
 from worker.observability.metrics import CONTENT_TYPE, Metrics
 from worker.observability.probes import Probes
 from worker.pipeline import Pipeline
+from worker.ports import KafkaAccessError
 from worker.quality import GateThresholds, QualityReport, default_pairs_path, load_pairs, validate
 from worker.settings import WorkerSettings
 from worker.tokenization import TextTokenizer
@@ -73,6 +75,9 @@ def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
 
 
 async def run_worker(settings: WorkerSettings) -> None:
+    """Serve until SIGTERM. Raises KafkaAccessError (after logging it) when Kafka rejects
+    the worker's login or its principal lacks a right it needs, and QualityGateFailedError
+    when the quality gate is on and fails."""
     configure_logging(settings.log_level, settings.log_format)
     log.info("worker.starting", version=VERSION, settings=redacted(settings.model_dump()))
     metrics = Metrics()
@@ -94,16 +99,60 @@ async def run_worker(settings: WorkerSettings) -> None:
     watcher = asyncio.create_task(probes.watch_loop())
     try:
         await _serve(settings, metrics, probes, info)
+    except KafkaAccessError as exc:
+        log.error(f"kafka.{exc.kind}_failed", reason=exc.reason)
+        raise
     finally:
         watcher.cancel()
         await server.stop()
     log.info("worker.stopped")
 
 
+def _topic_needs(settings: WorkerSettings) -> dict[str, set[str]]:
+    """What the worker's principal must be allowed to do, per topic."""
+    needs: dict[str, set[str]] = {}
+    for topic in (settings.requests_topic, settings.bulk_topic):
+        if topic:
+            needs.setdefault(topic, set()).add("read")
+    for topic in (settings.results_topic, settings.dlq_topic):
+        needs.setdefault(topic, set()).add("write")
+    return needs
+
+
 async def _serve(
     settings: WorkerSettings, metrics: Metrics, probes: Probes, info: dict[str, Any]
 ) -> None:
+    security = client_options(settings)
+    publisher = KafkaPublisher(
+        settings.bootstrap_servers,
+        client_id=settings.client_id,
+        linger_ms=settings.linger_ms,
+        # Results, and dead letters that copy a request of up to max_request_size.
+        max_request_size=max(settings.max_result_bytes, settings.max_request_bytes)
+        + _RECORD_OVERHEAD,
+        security=security,
+    )
+    # Kafka first: a wrong password or a missing ACL fails in a second, not after the model
+    # has loaded (and compiled).
+    probes.phase = "connecting"
+    await publisher.start()
+    try:
+        await publisher.check_access(_topic_needs(settings), settings.group_id)
+        await _load_and_run(settings, publisher, security, metrics, probes, info)
+    finally:
+        await publisher.stop()
+
+
+async def _load_and_run(
+    settings: WorkerSettings,
+    publisher: KafkaPublisher,
+    security: dict[str, Any],
+    metrics: Metrics,
+    probes: Probes,
+    info: dict[str, Any],
+) -> None:
     loop = asyncio.get_running_loop()
+    probes.phase = "loading"
     started = time.monotonic()
     encode_thread = ThreadPoolExecutor(1, thread_name_prefix="kembed-encoder")
     encoder, tokenizer, names = await loop.run_in_executor(encode_thread, load_model, settings)
@@ -138,14 +187,6 @@ async def _serve(
             raise QualityGateFailedError(report.summary())
         log.info("quality_gate.passed", **fields)
     probes.phase = "joining"
-    publisher = KafkaPublisher(
-        settings.bootstrap_servers,
-        client_id=settings.client_id,
-        linger_ms=settings.linger_ms,
-        # Results, and dead letters that copy a request of up to max_request_bytes.
-        max_request_size=max(settings.max_result_bytes, settings.max_request_bytes)
-        + _RECORD_OVERHEAD,
-    )
     source = KafkaSource(
         settings.bootstrap_servers,
         [topic for topic in (settings.requests_topic, settings.bulk_topic) if topic],
@@ -155,6 +196,7 @@ async def _serve(
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        security=security,
     )
     pipeline = Pipeline(
         source=source,
@@ -169,23 +211,19 @@ async def _serve(
     probes.pipeline = pipeline
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _stop, pipeline, probes, sig)
-    await publisher.start()
+    await source.start(pipeline.on_revoked, pipeline.on_assigned)
+    probes.phase = "serving"
+    log.info(
+        "worker.started",
+        topic=settings.requests_topic,
+        bulk_topic=settings.bulk_topic,
+        group_id=settings.group_id,
+    )
     try:
-        await source.start(pipeline.on_revoked, pipeline.on_assigned)
-        probes.phase = "serving"
-        log.info(
-            "worker.started",
-            topic=settings.requests_topic,
-            bulk_topic=settings.bulk_topic,
-            group_id=settings.group_id,
-        )
-        try:
-            await pipeline.run()
-        finally:
-            probes.phase = "stopped"
-            await source.stop()
+        await pipeline.run()
     finally:
-        await publisher.stop()
+        probes.phase = "stopped"
+        await source.stop()
 
 
 class QualityGateFailedError(RuntimeError):

@@ -20,13 +20,20 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from worker.settings import WorkerSettings
+from worker.settings import (
+    SECURITY_FIELDS,
+    KafkaClientSettings,
+    WorkerSettings,
+    describe_errors,
+)
 
 __all__ = ["main"]
+
+_S = TypeVar("_S", bound=BaseModel)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,14 +82,14 @@ def _parser() -> argparse.ArgumentParser:
     validate.set_defaults(handler=_run_validate)
 
     embed = commands.add_parser(
-        "embed", help="embed texts through Kafka and print the vectors as JSON"
+        "embed",
+        help="embed texts through Kafka and print the vectors as JSON",
+        description="Embed texts through Kafka and print the vectors as JSON. The Kafka "
+        "connection flags are the worker's, and read the same KEMBED_* environment "
+        "variables (so a password need not be on the command line).",
     )
     embed.add_argument("texts", nargs="+", metavar="TEXT")
-    embed.add_argument(
-        "--bootstrap-servers",
-        default=os.environ.get("KEMBED_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
-        help="Kafka bootstrap servers [env: KEMBED_BOOTSTRAP_SERVERS]",
-    )
+    _add_settings_flags(embed, KafkaClientSettings)
     embed.add_argument("--model", default=None, help="model to ask for (default: the served one)")
     embed.add_argument("--timeout", type=float, default=30.0, help="seconds to wait")
     embed.add_argument("--no-normalize", action="store_true", help="skip L2 normalization")
@@ -91,8 +98,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    for name, field in WorkerSettings.model_fields.items():
+def _add_settings_flags(
+    parser: argparse.ArgumentParser, model: type[BaseModel] = WorkerSettings
+) -> None:
+    for name, field in model.model_fields.items():
         env = f"KEMBED_{name.upper()}"
         kind, choices = _flag_type(field.annotation)
         parser.add_argument(
@@ -121,33 +130,39 @@ def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
     return str, None
 
 
-def _settings(args: argparse.Namespace, command: str) -> WorkerSettings | None:
+def _settings(model: type[_S], args: argparse.Namespace, command: str) -> _S | None:
+    """Settings from flags over env vars; None (after saying why) when they are invalid."""
     overrides = {
-        name: value
-        for name in WorkerSettings.model_fields
-        if (value := getattr(args, name)) is not None
+        name: value for name in model.model_fields if (value := getattr(args, name)) is not None
     }
     try:
-        settings = WorkerSettings(**overrides)
+        return model(**overrides)
     except ValidationError as exc:
-        print(f"kembed {command}: invalid settings:\n{exc}", file=sys.stderr)
+        # Never print pydantic's own text: it repeats the inputs, secrets included.
+        print(f"kembed {command}: invalid settings:\n{describe_errors(exc)}", file=sys.stderr)
         return None
+
+
+def _local_models_only() -> None:
     # Never reach for a model hub at run time: models come from local files only.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # One tokenizer thread is enough and leaves the cores to the encoder (the Rust
     # tokenizer would otherwise spread each large batch over every core).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return settings
 
 
 def _run_worker(args: argparse.Namespace) -> int:
-    settings = _settings(args, "worker")
+    settings = _settings(WorkerSettings, args, "worker")
     if settings is None:
         return 2
+    _local_models_only()
     from worker.app import QualityGateFailedError, run_worker
+    from worker.ports import KafkaAccessError
 
     try:
         asyncio.run(run_worker(settings))
+    except KafkaAccessError:
+        return 1  # run_worker logged why
     except QualityGateFailedError as exc:
         print(f"kembed worker: quality gate failed, not starting: {exc}", file=sys.stderr)
         return 3
@@ -155,9 +170,10 @@ def _run_worker(args: argparse.Namespace) -> int:
 
 
 def _run_validate(args: argparse.Namespace) -> int:
-    settings = _settings(args, "validate")
+    settings = _settings(WorkerSettings, args, "validate")
     if settings is None:
         return 2
+    _local_models_only()
     from worker.quality import GateThresholds, default_pairs_path, load_pairs, validate
 
     thresholds = GateThresholds(
@@ -184,8 +200,13 @@ def _run_validate(args: argparse.Namespace) -> int:
 def _run_embed(args: argparse.Namespace) -> int:
     from producer_sdk import EmbedClient, KembedError
 
+    kafka = _settings(KafkaClientSettings, args, "embed")
+    if kafka is None:
+        return 2
+    security = {name: getattr(kafka, name) for name in SECURITY_FIELDS}
+
     async def run() -> dict[str, Any]:
-        async with EmbedClient(args.bootstrap_servers) as client:
+        async with EmbedClient(kafka.bootstrap_servers, **security) as client:
             vectors = await client.embed(
                 args.texts,
                 timeout=args.timeout,

@@ -440,6 +440,12 @@ class Pipeline:
             for job in {item.job for item in batch.items}:
                 self._settle(job, ErrorInfo(ErrorCode.INTERNAL, "inference failed"))
             return
+        log.debug(
+            "batch.encoded",
+            lane=batch.lane,
+            inputs=len(batch.items),
+            padded_tokens=batch.prepared.padded_tokens,
+        )
         for item, row in zip(batch.items, future.result(), strict=True):
             job = item.job
             job.vectors[item.index] = row
@@ -499,6 +505,14 @@ class Pipeline:
         tokens: int,
     ) -> None:
         if await self._replier.answer(record, reply, value):
+            log.debug(
+                "request.answered",
+                request_id=reply.id,
+                inputs=inputs,
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+            )
             self._answered(record, lane, inputs)
             m = self._metrics
             m.requests.labels(self._model, outcome).inc()

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Publisher", "PublishError", "Record", "Source", "TopicPartition"]
+__all__ = ["KafkaAccessError", "PublishError", "Publisher", "Record", "Source", "TopicPartition"]
 
 TopicPartition = tuple[str, int]
 
@@ -37,6 +37,18 @@ class PublishError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retriable = retriable
+
+
+class KafkaAccessError(Exception):
+    """Kafka refused the worker: ``kind`` is "authentication" (login or TLS handshake
+    rejected), "authorization" (the principal lacks an ACL) or "tls" (the TLS files cannot
+    be loaded). Retrying will not help, so the worker stops; ``reason`` says what to fix
+    and never holds a secret."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"{kind} failed: {reason}")
+        self.kind = kind
+        self.reason = reason
 
 
 class Publisher(Protocol):

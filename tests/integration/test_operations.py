@@ -97,7 +97,7 @@ def test_ready_only_after_warm_up_and_partition_assignment(
     assigned; /health is 200 all along."""
     worker, seen = ops_worker
     assert seen[0][0] == 503
-    assert seen[0][1]["status"] in {"loading", "warming", "joining"}
+    assert seen[0][1]["status"] in {"connecting", "loading", "warming", "joining"}
     assert seen[-1][0] == 200, seen[-3:]
     assert seen[-1][1]["partitions"], seen[-1]
     events = [e["event"] for e in worker.events()]
@@ -175,9 +175,6 @@ async def test_metrics_count_a_known_workload_and_lag_drains_to_zero(
     assert total(scrape, "kembed_model_load_seconds") > 0
     assert total(scrape, "kembed_warmup_seconds") > 0
     assert total(scrape, "kembed_ready") == 1
-    exposed = {name for name, _ in scrape}
-    for name in METRIC_NAMES:
-        assert {name, f"{name}_count"} & exposed, f"{name} is not exposed"
 
     burst = [
         EmbedRequest(id=f"burst-{i}", inputs=tuple(f"burst {i} text {j}" for j in range(16)))
@@ -203,6 +200,9 @@ async def test_metrics_count_a_known_workload_and_lag_drains_to_zero(
     assert total(scrape, "kembed_inflight_inputs") == 0
     assert total(scrape, "kembed_inflight_tokens") == 0
     assert total(scrape, "kembed_batch_size_count", lane="bulk") >= 1
+    exposed = {name for name, _ in scrape}
+    for name in METRIC_NAMES:
+        assert {name, f"{name}_count"} & exposed, f"{name} is not exposed"
 
 
 def test_worker_log_is_json_lines(

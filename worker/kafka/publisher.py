@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
+from worker.kafka.security import check_access, diagnose_login
 from worker.ports import PublishError
 
 __all__ = ["KafkaPublisher"]
@@ -18,10 +20,20 @@ _TOPIC_WAIT_S = 10.0
 
 class KafkaPublisher:
     def __init__(
-        self, bootstrap_servers: str, *, client_id: str, linger_ms: int, max_request_size: int
+        self,
+        bootstrap_servers: str,
+        *,
+        client_id: str,
+        linger_ms: int,
+        max_request_size: int,
+        security: Mapping[str, Any] | None = None,
     ) -> None:
+        """``security``: aiokafka security options (``worker.kafka.security.client_options``)."""
+        self._bootstrap_servers = bootstrap_servers
+        self._security = dict(security or {})
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap_servers,
+            **self._security,
             client_id=client_id,
             acks="all",
             # Not idempotent: delivery is at least once by design (clients drop duplicate
@@ -33,7 +45,20 @@ class KafkaPublisher:
         )
 
     async def start(self) -> None:
-        await self._producer.start()
+        """Connect; raise KafkaAccessError if Kafka rejects the login."""
+        try:
+            await self._producer.start()
+        except KafkaConnectionError:
+            await self._producer.stop()
+            await diagnose_login(self._bootstrap_servers, self._security)
+            raise
+
+    async def check_access(
+        self, needs: Mapping[str, Iterable[str]], group_id: str | None = None
+    ) -> None:
+        """Raise KafkaAccessError if the principal lacks any of ``needs`` (topic -> ops) or
+        may not use the consumer group ``group_id``."""
+        await check_access(self._producer.client, needs, self._security, group_id)
 
     async def stop(self) -> None:
         await self._producer.stop()
