@@ -413,6 +413,32 @@ def test_rules_follow_prometheus_conventions() -> None:
         assert signal in alerted, signal
 
 
+def test_rule_unit_tests_read_exposed_series_and_test_defined_alerts() -> None:
+    """rules_test.yml (run by `promtool test rules`, outside this suite) feeds series the
+    worker exposes, with their labels, and tests alerts rules.yml defines, the main ones
+    among them."""
+    tests = load_yaml(DEPLOY / "prometheus" / "rules_test.yml")
+    assert tests["rule_files"] == ["rules.yml"]
+    defined = {r["alert"] for r in rules() if "alert" in r}
+    problems, tested = [], set()
+    for case in tests["tests"]:
+        for series in case.get("input_series", []):
+            problems += check_expr(case["name"], series["series"])
+            assert referenced(series["series"])[0], series["series"]
+        for expr_test in case.get("promql_expr_test", []):
+            problems += check_expr(case["name"], expr_test["expr"])
+        tested |= {t["alertname"] for t in case.get("alert_rule_test", [])}
+    assert not problems, "\n".join(problems)
+    assert tested <= defined
+    assert {
+        "KembedNoWorkerReady",
+        "KembedInternalErrors",
+        "KembedHighLatencyP99",
+        "KembedBacklogGrowing",
+        "KembedDeadLetters",
+    } <= tested
+
+
 # -- Grafana provisioning ------------------------------------------------------------
 
 
