@@ -3,6 +3,7 @@
     kembed worker [--flag value ...]   run a worker (flags mirror KEMBED_* env vars)
     kembed embed TEXT [TEXT ...]       embed texts through Kafka and print JSON
     kembed validate [--flag value ...] the quality gate: this precision against fp32
+    kembed status [--json]             the consumer group: members, assignment, lag
 
 Worker flags are generated from :class:`~worker.settings.WorkerSettings`, so a setting, its
 env var and its flag can never drift apart; a flag given on the command line wins over the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -95,7 +97,54 @@ def _parser() -> argparse.ArgumentParser:
     embed.add_argument("--no-normalize", action="store_true", help="skip L2 normalization")
     embed.add_argument("--dimensions", type=int, default=None, help="keep the first N dims")
     embed.set_defaults(handler=_run_embed)
+
+    status = commands.add_parser(
+        "status",
+        help="show the consumer group: members, partition assignment, lag and backlog",
+        description="Ask the brokers about the workers' consumer group: its members, the "
+        "partitions each holds, and per request partition the committed offset, the end "
+        "offset (high watermark) and the lag. Exit status 0, or 2 when the brokers cannot "
+        "be reached or the group is unknown.",
+    )
+    _add_settings_flags(status, KafkaClientSettings)
+    status.add_argument(
+        "--group",
+        default=os.environ.get("KEMBED_GROUP_ID", _default("group_id")),
+        help="the workers' consumer group [env: KEMBED_GROUP_ID]",
+    )
+    status.add_argument(
+        "--topics",
+        default=",".join(_request_topics()),
+        help="request topics to report, comma separated "
+        "[env: KEMBED_REQUESTS_TOPIC, KEMBED_BULK_TOPIC] (default: %(default)s)",
+    )
+    status.add_argument(
+        "--metrics-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a worker's /metrics URL (repeat for each worker) to add the backlog in tokens "
+        "(kembed_backlog_tokens); without it the backlog is reported in messages only",
+    )
+    status.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for answers (default: 10)"
+    )
+    status.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    status.set_defaults(handler=_run_status)
     return parser
+
+
+def _default(name: str) -> str:
+    return str(WorkerSettings.model_fields[name].default)
+
+
+def _request_topics() -> list[str]:
+    """The worker's request topics, as its env vars (or their defaults) name them."""
+    topics = [
+        os.environ.get("KEMBED_REQUESTS_TOPIC", _default("requests_topic")),
+        os.environ.get("KEMBED_BULK_TOPIC", _default("bulk_topic")),
+    ]
+    return [t for t in topics if t]
 
 
 def _add_settings_flags(
@@ -223,6 +272,70 @@ def _run_embed(args: argparse.Namespace) -> int:
         return 1
     json.dump(output, sys.stdout)
     sys.stdout.write("\n")
+    return 0
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    import logging
+
+    from worker.fleet import (
+        FleetStatus,
+        StatusError,
+        read_backlog_tokens,
+        render_table,
+        to_json,
+    )
+    from worker.kafka.group_status import read_fleet_status
+    from worker.kafka.security import client_options
+
+    kafka = _settings(KafkaClientSettings, args, "status")
+    if kafka is None:
+        return 2
+    topics = [t.strip() for t in args.topics.split(",") if t.strip()]
+
+    async def read() -> FleetStatus:
+        async with asyncio.timeout(args.timeout):
+            return await read_fleet_status(
+                kafka.bootstrap_servers,
+                args.group,
+                topics,
+                request_timeout_ms=max(int(args.timeout * 1000), 1),
+                security=client_options(kafka),
+            )
+
+    # aiokafka logs every failed connection attempt; the outcome is reported once below.
+    aiokafka_log = logging.getLogger("aiokafka")
+    quiet, propagate = logging.NullHandler(), aiokafka_log.propagate
+    aiokafka_log.addHandler(quiet)
+    aiokafka_log.propagate = False
+    try:
+        if not topics:
+            raise StatusError("no topics to report (--topics is empty)")
+        status = asyncio.run(read())
+        if args.metrics_url:
+            status = dataclasses.replace(
+                status,
+                backlog_tokens=read_backlog_tokens(args.metrics_url, args.timeout),
+                metrics_urls=tuple(args.metrics_url),
+            )
+    except StatusError as exc:
+        print(f"kembed status: {exc}", file=sys.stderr)
+        return 2
+    except TimeoutError:
+        print(
+            f"kembed status: no answer from Kafka at {kafka.bootstrap_servers} "
+            f"within {args.timeout:g} s",
+            file=sys.stderr,
+        )
+        return 2
+    finally:
+        aiokafka_log.removeHandler(quiet)
+        aiokafka_log.propagate = propagate
+    if args.json:
+        json.dump(to_json(status), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(render_table(status))
     return 0
 
 
