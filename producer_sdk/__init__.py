@@ -2,7 +2,20 @@
 
 from producer_sdk.client import EmbedClient
 from producer_sdk.config import ClientConfig
-from producer_sdk.errors import ClientClosedError, EmbedError, EmbedTimeoutError, KembedError
+from producer_sdk.encodings import (
+    Embeddings,
+    dequantize_int8,
+    hamming_distances,
+    unpack_bits,
+)
+from producer_sdk.errors import (
+    ClientClosedError,
+    EmbedError,
+    EmbedTimeoutError,
+    KembedError,
+    UnexpectedEncodingError,
+)
+from schemas import Encoding
 
 __all__ = [
     "ClientClosedError",
@@ -10,5 +23,11 @@ __all__ = [
     "EmbedClient",
     "EmbedError",
     "EmbedTimeoutError",
+    "Embeddings",
+    "Encoding",
     "KembedError",
+    "UnexpectedEncodingError",
+    "dequantize_int8",
+    "hamming_distances",
+    "unpack_bits",
 ]
