@@ -2,6 +2,12 @@
 
 from producer_sdk.client import EmbedClient
 from producer_sdk.config import ClientConfig
+from producer_sdk.encodings import (
+    Embeddings,
+    dequantize_int8,
+    hamming_distances,
+    unpack_bits,
+)
 from producer_sdk.errors import (
     AuthenticationError,
     AuthorizationError,
@@ -10,7 +16,9 @@ from producer_sdk.errors import (
     EmbedTimeoutError,
     KafkaAccessError,
     KembedError,
+    UnexpectedEncodingError,
 )
+from schemas import Encoding
 
 __all__ = [
     "AuthenticationError",
@@ -20,6 +28,12 @@ __all__ = [
     "EmbedClient",
     "EmbedError",
     "EmbedTimeoutError",
+    "Embeddings",
+    "Encoding",
     "KafkaAccessError",
     "KembedError",
+    "UnexpectedEncodingError",
+    "dequantize_int8",
+    "hamming_distances",
+    "unpack_bits",
 ]

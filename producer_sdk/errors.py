@@ -5,6 +5,7 @@ Exception tree::
     KembedError                  base of everything the SDK raises on purpose
     ├── EmbedError               the worker answered with an error result (wire ``code``)
     ├── EmbedTimeoutError        no result within the timeout (also a ``TimeoutError``)
+    ├── UnexpectedEncodingError  the result is not in the encoding asked for
     ├── ClientClosedError        the client was closed while the call waited
     └── KafkaAccessError         Kafka refused this client; retrying will not help
         ├── AuthenticationError  the login (SASL) or the TLS handshake was rejected
@@ -25,6 +26,7 @@ __all__ = [
     "EmbedTimeoutError",
     "KafkaAccessError",
     "KembedError",
+    "UnexpectedEncodingError",
 ]
 
 
@@ -61,6 +63,20 @@ class EmbedTimeoutError(KembedError, TimeoutError):
         super().__init__(f"no result for request {request_id} within {timeout:g} s")
         self.request_id = request_id
         self.timeout = timeout
+
+
+class UnexpectedEncodingError(KembedError):
+    """The worker answered in another encoding than the one asked for: a worker that
+    predates output encodings ignores the request's ``encoding`` and answers float32."""
+
+    def __init__(self, request_id: str, asked: str, got: str) -> None:
+        super().__init__(
+            f"asked for {asked} vectors, the worker answered {got} (request {request_id}); "
+            "the worker may predate output encodings"
+        )
+        self.request_id = request_id
+        self.asked = asked
+        self.got = got
 
 
 class ClientClosedError(KembedError):

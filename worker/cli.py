@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from schemas import Encoding
 from worker.settings import (
     SECURITY_FIELDS,
     KafkaClientSettings,
@@ -96,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     embed.add_argument("--timeout", type=float, default=30.0, help="seconds to wait")
     embed.add_argument("--no-normalize", action="store_true", help="skip L2 normalization")
     embed.add_argument("--dimensions", type=int, default=None, help="keep the first N dims")
+    embed.add_argument(
+        "--encoding",
+        choices=[str(encoding) for encoding in Encoding],
+        default=str(Encoding.FLOAT32),
+        help="output encoding: int8 prints codes and per-vector scales, binary packed bytes",
+    )
     embed.set_defaults(handler=_run_embed)
 
     status = commands.add_parser(
@@ -256,14 +263,20 @@ def _run_embed(args: argparse.Namespace) -> int:
 
     async def run() -> dict[str, Any]:
         async with EmbedClient(kafka.bootstrap_servers, **security) as client:
-            vectors = await client.embed(
+            result = await client.embed_result(
                 args.texts,
                 timeout=args.timeout,
                 model=args.model,
                 normalize=not args.no_normalize,
                 dimensions=args.dimensions,
+                encoding=args.encoding,
             )
-        return {"dim": int(vectors.shape[1]), "vectors": vectors.tolist()}
+        output: dict[str, Any] = {"dim": result.dim, "vectors": result.vectors.tolist()}
+        if result.encoding != Encoding.FLOAT32:
+            output["encoding"] = str(result.encoding)
+        if result.scales is not None:
+            output["scales"] = result.scales.tolist()
+        return output
 
     try:
         output = asyncio.run(run())
