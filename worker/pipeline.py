@@ -132,6 +132,7 @@ class Pipeline:
         self._tokens_per_request = {INTERACTIVE: 0.0, BULK: 0.0}  # moving average
         self._paused: set[str] = set()
         self._running_since: float | None = None
+        self._lags: dict[TopicPartition, int] = {}
         for lane in (INTERACTIVE, BULK):
             m = self._metrics
             m.inflight_inputs.labels(lane).set_function(partial(self._inflight.__getitem__, lane))
@@ -139,6 +140,7 @@ class Pipeline:
                 partial(self._inflight_tokens.__getitem__, lane)
             )
             m.paused_partitions.labels(lane).set_function(partial(self._paused_count, lane))
+            m.backlog_tokens.labels(lane).set_function(partial(self._backlog_tokens, lane))
 
     # ------------------------------------------------------------------ probes
 
@@ -556,11 +558,14 @@ class Pipeline:
             for (topic, partition), lag in lags.items():
                 self._metrics.consumer_lag.labels(topic, str(partition)).set(lag)
             shown = set(lags)
-            for lane in (INTERACTIVE, BULK):
-                waiting = sum(lag for tp, lag in lags.items() if self._lane(tp[0]) == lane)
-                estimate = waiting * self._tokens_per_request[lane] + self._inflight_tokens[lane]
-                self._metrics.backlog_tokens.labels(lane).set(estimate)
+            self._lags = lags
             await asyncio.sleep(every)
+
+    def _backlog_tokens(self, lane: str) -> float:
+        """Tokens waiting for this worker in ``lane``: unfetched requests (lag, as of the last
+        refresh) at the average tokens per request seen, plus the tokens in flight now."""
+        waiting = sum(lag for tp, lag in self._lags.items() if self._lane(tp[0]) == lane)
+        return waiting * self._tokens_per_request[lane] + self._inflight_tokens[lane]
 
     # ------------------------------------------------------------------ commit
 

@@ -190,7 +190,8 @@ async def test_metrics_count_a_known_workload_and_lag_drains_to_zero(
         scrape = await asyncio.to_thread(samples, base)
         lags = [v for (n, _), v in scrape.items() if n == "kembed_consumer_lag"]
         answered = total(scrape, "kembed_requests_total", outcome="ok")
-        if answered >= count + len(burst) and lags and not any(lags):
+        drained = total(scrape, "kembed_backlog_tokens") == 0
+        if answered >= count + len(burst) and lags and not any(lags) and drained:
             break
         await asyncio.sleep(0.5)
     assert total(scrape, "kembed_requests_total", outcome="ok") == count + len(burst)
