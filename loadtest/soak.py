@@ -273,9 +273,17 @@ def _plot(r: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.soak", description=__doc__)
     parser.add_argument("--minutes", type=float, default=10.0, help="steady load after warm-up")
-    parser.add_argument("--warmup-s", type=float, default=60.0, help="load before the baseline")
-    parser.add_argument("--interactive-rate", type=float, default=20.0, help="embed() calls/s")
-    parser.add_argument("--bulk-rate", type=float, default=300.0, help="bulk texts/s")
+    parser.add_argument(
+        "--warmup-s", type=float, default=120.0, help="load before the baseline (seconds)"
+    )
+    parser.add_argument("--interactive-rate", type=float, default=10.0, help="embed() calls/s")
+    parser.add_argument(
+        "--bulk-rate",
+        type=float,
+        default=200.0,
+        help="bulk texts/s; keep the total well under the worker's capacity (a soak checks "
+        "steady state: above capacity, the backlog and the memory holding it grow by design)",
+    )
     parser.add_argument("--per-request", type=int, default=32, help="texts per bulk request")
     parser.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
     parser.add_argument("--out", type=Path, default=None, help="report folder")
