@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import structlog
 
 from worker.encoder import Encoder
-from worker.kafka.publisher import KafkaPublisher
+from worker.kafka.publisher import KafkaPublisher, KafkaTransactionalPublisher
 from worker.kafka.source import KafkaSource
 from worker.observability.logging import configure_logging, redacted
 from worker.pipeline import Pipeline
@@ -78,12 +78,7 @@ async def run_worker(settings: WorkerSettings) -> None:
         load_s=round(loaded - started, 3),
         warmup_s=round(time.monotonic() - loaded, 3),
     )
-    publisher = KafkaPublisher(
-        settings.bootstrap_servers,
-        client_id=settings.client_id,
-        linger_ms=settings.linger_ms,
-        max_request_size=settings.max_result_bytes + _RECORD_OVERHEAD,
-    )
+    publisher = _publisher(settings)
     source = KafkaSource(
         settings.bootstrap_servers,
         [topic for topic in (settings.requests_topic, settings.bulk_topic) if topic],
@@ -113,6 +108,7 @@ async def run_worker(settings: WorkerSettings) -> None:
             topic=settings.requests_topic,
             bulk_topic=settings.bulk_topic,
             group_id=settings.group_id,
+            delivery=settings.delivery,
         )
         try:
             await pipeline.run()
@@ -121,6 +117,28 @@ async def run_worker(settings: WorkerSettings) -> None:
     finally:
         await publisher.stop()
     log.info("worker.stopped")
+
+
+def _publisher(settings: WorkerSettings) -> KafkaPublisher | KafkaTransactionalPublisher:
+    max_request_size = settings.max_result_bytes + _RECORD_OVERHEAD
+    if settings.delivery == "exactly_once":
+        transactional_id = settings.resolved_transactional_id()
+        log.info("transactions.enabled", transactional_id=transactional_id)
+        return KafkaTransactionalPublisher(
+            settings.bootstrap_servers,
+            client_id=settings.client_id,
+            linger_ms=settings.linger_ms,
+            max_request_size=max_request_size,
+            transactional_id=transactional_id,
+            transaction_timeout_ms=settings.transaction_timeout_ms,
+            warm_topics=[settings.results_topic, settings.dlq_topic],
+        )
+    return KafkaPublisher(
+        settings.bootstrap_servers,
+        client_id=settings.client_id,
+        linger_ms=settings.linger_ms,
+        max_request_size=max_request_size,
+    )
 
 
 def _stop(pipeline: Pipeline, sig: signal.Signals) -> None:

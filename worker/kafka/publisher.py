@@ -1,19 +1,32 @@
-"""Result publisher: an idempotent aiokafka producer behind the ``Publisher`` port."""
+"""Result publishers behind the ``Publisher`` and ``TransactionalPublisher`` ports.
+
+``KafkaPublisher`` (at least once) acknowledges each message on its own.
+``KafkaTransactionalPublisher`` (exactly once) writes messages and consumer offsets in
+Kafka transactions.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Awaitable, Mapping, Sequence
 
 from aiokafka import AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaError
 
-from worker.ports import PublishError
+from worker.ports import PublishError, TopicPartition
 
-__all__ = ["KafkaPublisher"]
+__all__ = ["KafkaPublisher", "KafkaTransactionalPublisher"]
 
 # How long an unknown reply topic may take to appear before the result is dead-lettered.
 _TOPIC_WAIT_S = 10.0
+# Retry back-off of the transactional producer. Right after a commit the coordinator is
+# still writing the previous transaction's markers and answers the next transaction's first
+# requests with CONCURRENT_TRANSACTIONS (NOT_ENOUGH_REPLICAS for produce requests of
+# aiokafka's version); aiokafka's default 100 ms back-off then dominates the latency of
+# back-to-back transactions. 20 ms is what aiokafka itself waits between transactions.
+_TXN_RETRY_BACKOFF_MS = 20
 
 
 class KafkaPublisher:
@@ -47,16 +60,7 @@ class KafkaPublisher:
         partition: int | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
-        try:
-            partitions = await asyncio.wait_for(self._producer.partitions_for(topic), _TOPIC_WAIT_S)
-        except (TimeoutError, KafkaError) as exc:
-            raise PublishError(
-                f"topic {topic!r} is not available: {exc!r}", retriable=False
-            ) from exc
-        if partition is not None and partition not in partitions:
-            raise PublishError(
-                f"partition {partition} does not exist in topic {topic!r}", retriable=False
-            )
+        await _check_destination(self._producer, topic, partition)
         try:
             future = await self._producer.send(
                 topic, value, key=key, partition=partition, headers=list(headers)
@@ -66,3 +70,92 @@ class KafkaPublisher:
             raise PublishError(
                 f"{type(exc).__name__}: {exc}", retriable=bool(getattr(exc, "retriable", False))
             ) from exc
+
+
+class KafkaTransactionalPublisher:
+    """A transactional (hence idempotent) producer.
+
+    ``warm_topics`` (the results and dead-letter topics) have their metadata fetched at
+    start, before any transaction: a transaction's sends then never wait for metadata, and
+    the first sends to each partition do not race a metadata fetch (aiokafka 0.14's
+    idempotent producer was seen to stall such sends for request_timeout_ms).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        client_id: str,
+        linger_ms: int,
+        max_request_size: int,
+        transactional_id: str,
+        transaction_timeout_ms: int,
+        warm_topics: Sequence[str] = (),
+    ) -> None:
+        self._warm_topics = list(warm_topics)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap_servers,
+            client_id=client_id,
+            acks="all",
+            transactional_id=transactional_id,
+            transaction_timeout_ms=transaction_timeout_ms,
+            linger_ms=linger_ms,
+            max_request_size=max_request_size,
+            retry_backoff_ms=_TXN_RETRY_BACKOFF_MS,
+        )
+
+    async def start(self) -> None:
+        """Start, fencing any earlier producer with the same transactional id (its open
+        transaction is aborted), and fetch the metadata of ``warm_topics``."""
+        await self._producer.start()
+        for topic in self._warm_topics:
+            # A missing topic is not fatal here: answers bound for it are dead-lettered (or,
+            # for the dead-letter topic itself, fail the worker) as at least once does.
+            with contextlib.suppress(PublishError):
+                await _check_destination(self._producer, topic, None)
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def check_destination(self, topic: str, partition: int | None) -> None:
+        await _check_destination(self._producer, topic, partition)
+
+    async def begin(self) -> None:
+        await self._producer.begin_transaction()
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> Awaitable[object]:
+        future: Awaitable[object] = await self._producer.send(
+            topic, value, key=key, partition=partition, headers=list(headers)
+        )
+        return future
+
+    async def send_offsets(self, offsets: Mapping[TopicPartition, int], group_id: str) -> None:
+        await self._producer.send_offsets_to_transaction(
+            {KafkaTP(topic, partition): offset for (topic, partition), offset in offsets.items()},
+            group_id,
+        )
+
+    async def commit(self) -> None:
+        await self._producer.commit_transaction()
+
+    async def abort(self) -> None:
+        await self._producer.abort_transaction()
+
+
+async def _check_destination(producer: AIOKafkaProducer, topic: str, partition: int | None) -> None:
+    try:
+        partitions = await asyncio.wait_for(producer.partitions_for(topic), _TOPIC_WAIT_S)
+    except (TimeoutError, KafkaError) as exc:
+        raise PublishError(f"topic {topic!r} is not available: {exc!r}", retriable=False) from exc
+    if partition is not None and partition not in partitions:
+        raise PublishError(
+            f"partition {partition} does not exist in topic {topic!r}", retriable=False
+        )

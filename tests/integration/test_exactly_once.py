@@ -1,0 +1,276 @@
+"""Exactly-once delivery (KEMBED_DELIVERY=exactly_once) survives a worker SIGKILL.
+
+Two exactly-once workers share one consumer group on their own topics; a few hundred
+requests are published and one worker is SIGKILLed while answers are flowing. A
+read_committed reader of the result topic then sees every request id exactly once: the
+killed worker's open transaction (results and offsets) is aborted by the broker, and the
+surviving worker answers those requests again from the last committed offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from producer_sdk import EmbedClient
+from schemas import EmbedRequest, EmbedResult, decode_result, encode_request
+from schemas.headers import CORRELATION_ID
+from scripts.kafka_local import LocalKafka, TopicSpec
+from tests.conftest import WorkerProcess
+from tests.integration.kafka_io import producer
+
+pytestmark = pytest.mark.integration
+
+TAG = uuid.uuid4().hex[:6]
+REQUESTS, RESULTS, GROUP = f"eos.{TAG}.requests", f"eos.{TAG}.results", f"eos-{TAG}"
+REQUEST_PARTITIONS, RESULT_PARTITIONS = 4, 3
+COUNT, INPUTS = 300, 6
+DIM = 384
+SECRET = "exactly once, whatever happens"  # request text, never to be logged
+
+
+def _worker(kafka: LocalKafka, log: Path, name: str) -> WorkerProcess:
+    return WorkerProcess(
+        kafka.bootstrap_servers,
+        log,
+        delivery="exactly_once",
+        requests_topic=REQUESTS,
+        bulk_topic="",
+        results_topic=RESULTS,
+        group_id=GROUP,
+        client_id=f"eos-{name}",
+        # Short timeouts keep the test quick: the killed worker's partitions move after
+        # the session timeout, and its open transaction is aborted after the transaction
+        # timeout (until then read_committed readers of its result partitions wait).
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+        transaction_timeout_ms=3000,
+    )
+
+
+@pytest.fixture(scope="module")
+def workers(
+    kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
+    kafka.create_topics(
+        [TopicSpec(REQUESTS, REQUEST_PARTITIONS), TopicSpec(RESULTS, RESULT_PARTITIONS)]
+    )
+    logs = tmp_path_factory.mktemp("eos")
+    first = _worker(kafka, logs / "first.log", "first")
+    second = _worker(kafka, logs / "second.log", "second")
+    try:
+        first.wait_ready()
+        second.wait_ready()
+        yield first, second
+    finally:
+        first.stop()
+        second.stop()
+
+
+def _texts(index: int) -> tuple[str, ...]:
+    return tuple(f"request {index} input {j}: {SECRET}" for j in range(INPUTS))
+
+
+async def _read(
+    bootstrap: str,
+    isolation_level: str,
+    done: Callable[[list[str]], bool],
+    timeout: float,
+    *,
+    topic: str = RESULTS,
+    partitions: int = RESULT_PARTITIONS,
+) -> list[tuple[str, Any]]:
+    """(request id, record) of every result in ``topic``, read from the beginning until
+    ``done(ids)`` holds and the reader has caught up with the partitions' ends."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level=isolation_level
+    )
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        seen: list[tuple[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            batches = await consumer.getmany(*tps, timeout_ms=500)
+            for records in batches.values():
+                for record in records:
+                    seen.append((dict(record.headers)[CORRELATION_ID].decode(), record))
+            if done([request_id for request_id, _ in seen]):
+                ends = await consumer.end_offsets(tps)  # the last stable offsets here
+                if all([await consumer.position(tp) >= ends[tp] for tp in tps]):
+                    break
+        return seen
+    finally:
+        await consumer.stop()
+
+
+async def _committed(
+    bootstrap: str,
+    group: str = GROUP,
+    topic: str = REQUESTS,
+    partitions: int = REQUEST_PARTITIONS,
+) -> dict[int, int | None]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    await consumer.start()
+    try:
+        return {p: await consumer.committed(TopicPartition(topic, p)) for p in range(partitions)}
+    finally:
+        await consumer.stop()
+
+
+async def _publish(bootstrap: str, topic: str, requests: list[EmbedRequest]) -> dict[int, int]:
+    """Send ``requests``; the end offset of each partition written to."""
+    ends: dict[int, int] = {}
+    async with producer(bootstrap) as client:
+        for request in requests:
+            meta = await (await client.send(topic, encode_request(request)))
+            ends[meta.partition] = max(ends.get(meta.partition, 0), meta.offset + 1)
+    return ends
+
+
+def _assert_once(seen: list[tuple[str, Any]], wanted: set[str], inputs: int) -> None:
+    counts = Counter(request_id for request_id, _ in seen)
+    missing = wanted - counts.keys()
+    duplicated = {request_id: n for request_id, n in counts.items() if n > 1}
+    assert not missing, f"{len(missing)} requests never answered"
+    assert not duplicated, f"read_committed saw duplicates: {duplicated}"
+    assert counts.keys() == wanted
+    for _, record in seen:
+        result = decode_result(record.value)
+        assert isinstance(result, EmbedResult), result
+        vectors = np.frombuffer(result.vectors, dtype="<f4").reshape(result.count, result.dim)
+        assert vectors.shape == (inputs, DIM)
+        np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-3)
+
+
+async def test_read_committed_sees_each_request_once_after_a_worker_is_killed(
+    kafka: LocalKafka, workers: tuple[WorkerProcess, WorkerProcess]
+) -> None:
+    """SIGKILL one of two exactly-once workers mid-stream: a read_committed reader sees
+    every request id exactly once, each with a (6, 384) vector block; the group's committed
+    offsets (written only inside transactions) reach the end of every request partition;
+    and the surviving worker keeps serving read_committed SDK calls."""
+    victim, survivor = workers
+    requests = [
+        EmbedRequest(id=f"{TAG}-{i:04d}", inputs=_texts(i), reply_to=RESULTS) for i in range(COUNT)
+    ]
+    wanted = {request.id for request in requests}
+    ends = await _publish(kafka.bootstrap_servers, REQUESTS, requests)
+
+    # Kill the victim while answers are flowing: once a quarter of them are visible.
+    await _read(
+        kafka.bootstrap_servers,
+        "read_uncommitted",
+        lambda ids: len(set(ids) & wanted) >= COUNT // 4,
+        timeout=120,
+    )
+    victim.process.kill()
+    victim.process.wait()
+
+    seen = await _read(
+        kafka.bootstrap_servers,
+        "read_committed",
+        lambda ids: wanted <= set(ids),
+        timeout=180,
+    )
+    _assert_once(seen, wanted, INPUTS)
+
+    # Offsets travel inside the transactions: the group has committed every request.
+    committed = await _committed(kafka.bootstrap_servers)
+    assert committed == {p: ends.get(p) for p in range(REQUEST_PARTITIONS)}
+
+    # The read_uncommitted view may hold the killed worker's aborted answers; those are
+    # exactly what read_committed readers never see.
+    everything = await _read(
+        kafka.bootstrap_servers, "read_uncommitted", lambda ids: wanted <= set(ids), timeout=60
+    )
+    assert len(everything) >= len(seen)
+
+    assert survivor.process.poll() is None
+    taken = [e for e in survivor.events() if e.get("event") == "partitions.assigned"]
+    assert len(taken[-1]["partitions"]) == REQUEST_PARTITIONS, "the survivor took over"
+    async with EmbedClient(
+        kafka.bootstrap_servers,
+        requests_topic=REQUESTS,
+        reply_topic=RESULTS,
+        isolation_level="read_committed",
+    ) as sdk:
+        vector = await asyncio.wait_for(sdk.embed(["still served"], timeout=60), 90)
+    assert vector.shape == (1, DIM)
+    # The log never carries request text.
+    assert SECRET not in survivor.log_path.read_text()
+
+
+async def test_a_fenced_worker_exits_and_a_restart_answers_the_rest_once(
+    kafka: LocalKafka, tmp_path: Path
+) -> None:
+    """A worker whose transactions fail (here: fenced, as another producer took its
+    transactional id) aborts, logs transaction.failed and exits non-zero; a restarted
+    worker with the same id answers what was left, and a read_committed reader sees every
+    request exactly once."""
+    requests_topic, results_topic = f"fence.{TAG}.requests", f"fence.{TAG}.results"
+    group, transactional_id = f"fence-{TAG}", f"kembed-fence-{TAG}"
+    kafka.create_topics([TopicSpec(requests_topic, 2), TopicSpec(results_topic, 1)])
+    settings: dict[str, Any] = {
+        "delivery": "exactly_once",
+        "transactional_id": transactional_id,
+        "transaction_timeout_ms": 3000,
+        "requests_topic": requests_topic,
+        "bulk_topic": "",
+        "group_id": group,
+    }
+    requests = [
+        EmbedRequest(id=f"fence-{TAG}-{i:03d}", inputs=_texts(i)[:2], reply_to=results_topic)
+        for i in range(40)
+    ]
+    first_half, second_half = {r.id for r in requests[:20]}, {r.id for r in requests}
+
+    def read(wanted: set[str], timeout: float) -> Any:
+        return _read(
+            kafka.bootstrap_servers,
+            "read_committed",
+            lambda ids: wanted <= set(ids),
+            timeout,
+            topic=results_topic,
+            partitions=1,
+        )
+
+    first = WorkerProcess(kafka.bootstrap_servers, tmp_path / "first.log", **settings)
+    try:
+        first.wait_ready()
+        await _publish(kafka.bootstrap_servers, requests_topic, requests[:20])
+        assert first_half <= {request_id for request_id, _ in await read(first_half, 120)}
+
+        fence = AIOKafkaProducer(
+            bootstrap_servers=kafka.bootstrap_servers, transactional_id=transactional_id
+        )
+        await fence.start()  # a new epoch for the id: the worker's producer is fenced
+        try:
+            ends = await _publish(kafka.bootstrap_servers, requests_topic, requests[20:])
+            exit_code = await asyncio.to_thread(first.process.wait, 120)
+        finally:
+            await fence.stop()
+    finally:
+        first.stop()
+    assert exit_code != 0
+    assert any(e.get("event") == "transaction.failed" for e in first.events())
+
+    second = WorkerProcess(kafka.bootstrap_servers, tmp_path / "second.log", **settings)
+    try:
+        seen = await read(second_half, 180)
+    finally:
+        assert second.stop() == 0
+    _assert_once(seen, second_half, 2)
+    committed = await _committed(kafka.bootstrap_servers, group, requests_topic, 2)
+    assert all(committed[p] == end for p, end in ends.items())
