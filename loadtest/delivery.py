@@ -5,7 +5,8 @@ For each mode (at_least_once, then exactly_once at each ``--intervals`` value of
 
 - single: single-text ``EmbedClient.embed()`` calls one after another (closed loop);
 - rate: single-text calls arriving as a Poisson process at ``--rate`` per second (open loop);
-- bulk: texts sent in requests of 32 to the bulk lane, timed to the last result.
+- bulk: texts sent in requests of 32 to the bulk lane, timed to the last result (best of
+  two runs).
 
 Exactly-once runs read results ``read_committed`` (the SDK client and the bulk reader), as
 callers that want the guarantee must. The model runs eagerly (no torch.compile) to keep
@@ -49,15 +50,19 @@ async def measure(
             await e2e.interactive(client, sentences, args.rate, args.duration)
         )
     texts = [sentences[i % len(sentences)] for i in range(args.bulk)]
-    run = await e2e.bulk(
-        bootstrap,
-        texts,
-        32,
-        topic="embed.requests.bulk",
-        reply_topic=BULK_RESULTS,
-        isolation_level=isolation,
-    )
-    out["bulk"] = {"texts_per_s": run.texts_per_s, "errors": run.errors}
+    runs = [
+        await e2e.bulk(
+            bootstrap,
+            texts,
+            32,
+            topic="embed.requests.bulk",
+            reply_topic=BULK_RESULTS,
+            isolation_level=isolation,
+        )
+        for _ in range(2)
+    ]
+    best = max(runs, key=lambda run: run.texts_per_s)  # best of two: the machine is shared
+    out["bulk"] = {"texts_per_s": best.texts_per_s, "errors": sum(run.errors for run in runs)}
     return out
 
 
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bulk", type=int, default=4000, help="bulk texts")
     parser.add_argument("--dtype", default="auto", help="worker precision")
     parser.add_argument("--out", type=Path, default=None, help="write the table here too")
+    parser.add_argument("--logs", type=Path, default=None, help="keep worker logs here")
     args = parser.parse_args(argv)
     modes: list[tuple[str, dict[str, Any]]] = [("at_least_once", {})]
     for interval in (float(v) for v in args.intervals.split(",") if v):
@@ -95,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     sentences = stsb_sentences()
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="kembed-delivery-") as tmp:
         topics = (*DEFAULT_TOPICS, TopicSpec(BULK_RESULTS, 8))
@@ -102,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             for index, (name, settings) in enumerate(modes):
                 worker = WorkerProcess(
                     kafka.bootstrap_servers,
-                    Path(tmp) / f"worker-{index}.log",
+                    (args.logs or Path(tmp)) / f"worker-{index}.log",
                     dtype=args.dtype,
                     torch_compile="off",
                     **settings,

@@ -25,6 +25,7 @@ from typing import Protocol
 
 import structlog
 
+from schemas.headers import CORRELATION_ID
 from worker.offsets import OffsetTracker
 from worker.ports import (
     Publisher,
@@ -209,7 +210,7 @@ class _Message:
 
 
 @dataclass(eq=False, slots=True)
-class _Answer:
+class _Answer:  # mutable: a refused result becomes a dead letter
     record: Record
     message: _Message
     since: float  # time.monotonic() when it began to wait
@@ -268,6 +269,7 @@ class ExactlyOnce:
         self._live: dict[TopicPartition, dict[int, Record]] = {}  # tracked, not yet answered
         self._committed: dict[TopicPartition, int] = {}
         self._failed: BaseException | None = None
+        self._phase = ""  # the step the current transaction is in, for failure logs
         self.transactions = 0
         """Transactions committed (for tests and logs)."""
         self.dropped = 0
@@ -310,14 +312,16 @@ class ExactlyOnce:
             )
             self._on_fatal(exc)
             return False
-        letter = _Message(
+        return await self._wait(record, self._letter(record, code, message))
+
+    def _letter(self, record: Record, code: str, message: str) -> _Message:
+        return _Message(
             self._dlq_topic,
             record.value or b"",
             record.key,
             None,
             dead_letter_headers(record, code, message),
         )
-        return await self._wait(record, letter)
 
     async def _wait(self, record: Record, message: _Message) -> bool:
         if self._failed is not None:
@@ -384,14 +388,7 @@ class ExactlyOnce:
                 return
             if not live:
                 return
-            sends: list[Awaitable[object]] = []
-            try:
-                async with asyncio.timeout(self._timeout):
-                    offsets = await self._write(live, sends)
-            except Exception as exc:  # any failure: abort, then fail the worker
-                await self._abort(exc, live)
-                _discard(sends)
-                raise TransactionError(f"transaction failed: {type(exc).__name__}") from exc
+            offsets = await self._commit_answers(live)
             self._ended = time.monotonic()
             self._committed.update(offsets)
             self.transactions += 1
@@ -399,10 +396,58 @@ class ExactlyOnce:
                 if not answer.done.done():
                     answer.done.set_result(True)
 
+    async def _commit_answers(self, live: list[_Answer]) -> dict[TopicPartition, int]:
+        """Write ``live`` in one transaction; the offsets committed with them.
+
+        Any failure aborts the transaction. If the broker refused some results or error
+        results (a reply topic that exists but refuses them: too large for its
+        max.message.bytes, not authorized), those become dead letters and the transaction
+        is tried once more, as at least once dead-letters them; any other failure fails
+        the worker (raises TransactionError)."""
+        for retry in (True, False):
+            sends: list[Awaitable[object]] = []
+            try:
+                async with asyncio.timeout(self._timeout):
+                    return await self._write(live, sends)
+            except Exception as exc:  # noqa: BLE001 (any failure: abort, then see what failed)
+                error = exc
+            aborted = await self._try_abort()
+            refused = _refused(sends)
+            _discard(sends)
+            if not (
+                retry
+                and aborted
+                and refused
+                and all(live[i].message.topic != self._dlq_topic for i in refused)
+            ):
+                self._fail(error, live)
+                raise TransactionError(f"transaction failed: {type(error).__name__}") from error
+            log.warning(
+                "transaction.aborted",
+                error=type(error).__name__,
+                phase=self._phase,
+                dead_lettered=len(refused),
+            )
+            for i, reason in refused.items():
+                record, message = live[i].record, live[i].message
+                log.warning(
+                    "publish.failed",
+                    request_id=dict(message.headers).get(CORRELATION_ID, b"").decode(),
+                    reply_to=message.topic,
+                    reason=reason,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                )
+                live[i].message = self._letter(record, "reply_failed", reason)
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def _write(
         self, live: list[_Answer], sends: list[Awaitable[object]]
     ) -> dict[TopicPartition, int]:
+        self._phase = "begin"
         await self._producer.begin()
+        self._phase = "send"
         for answer in live:
             m = answer.message
             sends.append(
@@ -418,27 +463,35 @@ class ExactlyOnce:
             if (offset := self._tracker.committable(tp)) is not None
             and offset != self._committed.get(tp)
         }
+        self._phase = "send_offsets"
         if offsets:
             await self._producer.send_offsets(offsets, self._group_id)
         # Every message must be on the broker before the commit: a send that failed would
         # otherwise be lost while its record's offset is committed.
+        self._phase = "delivery"
         await asyncio.gather(*sends)
+        self._phase = "commit"
         await self._producer.commit()
         return offsets
 
-    async def _abort(self, error: BaseException, live: list[_Answer]) -> None:
-        self._failed = error
-        log.error(
-            "transaction.failed",
-            error=type(error).__name__,
-            reason=str(error)[:500],
-            answers=len(live),
-            partitions=_names({answer.record.tp for answer in live}),
-        )
+    async def _try_abort(self) -> bool:
         try:
             await asyncio.wait_for(self._producer.abort(), self._timeout)
         except Exception as exc:  # noqa: BLE001 (the broker aborts it at transaction_timeout_ms)
             log.warning("transaction.abort_failed", error=type(exc).__name__)
+            return False
+        return True
+
+    def _fail(self, error: BaseException, live: list[_Answer]) -> None:
+        self._failed = error
+        log.error(
+            "transaction.failed",
+            error=type(error).__name__,
+            phase=self._phase,
+            reason=str(error)[:500],
+            answers=len(live),
+            partitions=_names({answer.record.tp for answer in live}),
+        )
         for answer in [*live, *self._waiting]:
             if not answer.done.done():
                 answer.done.set_result(False)
@@ -464,6 +517,17 @@ class ExactlyOnce:
         for answer in answers:
             if not answer.done.done():
                 answer.done.set_result(True)
+
+
+def _refused(sends: list[Awaitable[object]]) -> dict[int, str]:
+    """Which sends the broker refused, by index, with the reason."""
+    refused: dict[int, str] = {}
+    for index, send in enumerate(sends):
+        if isinstance(send, asyncio.Future) and send.done() and not send.cancelled():
+            error = send.exception()
+            if error is not None:
+                refused[index] = f"{type(error).__name__}: {error}"[:500]
+    return refused
 
 
 def _discard(sends: list[Awaitable[object]]) -> None:

@@ -23,15 +23,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from producer_sdk import EmbedClient
 from schemas import EmbedRequest, EmbedResult, decode_result, encode_request
-from schemas.headers import CORRELATION_ID
+from schemas.headers import CORRELATION_ID, DLQ_ERROR_CODE, DLQ_OFFSET, DLQ_TOPIC
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
-from tests.integration.kafka_io import producer
+from tests.integration.kafka_io import collect, producer
 
 pytestmark = pytest.mark.integration
 
 TAG = uuid.uuid4().hex[:6]
 REQUESTS, RESULTS, GROUP = f"eos.{TAG}.requests", f"eos.{TAG}.results", f"eos-{TAG}"
+SMALL = f"eos.{TAG}.small"  # a reply topic whose max.message.bytes no result fits in
 REQUEST_PARTITIONS, RESULT_PARTITIONS = 4, 3
 COUNT, INPUTS = 300, 6
 DIM = 384
@@ -62,7 +63,11 @@ def workers(
     kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
     kafka.create_topics(
-        [TopicSpec(REQUESTS, REQUEST_PARTITIONS), TopicSpec(RESULTS, RESULT_PARTITIONS)]
+        [
+            TopicSpec(REQUESTS, REQUEST_PARTITIONS),
+            TopicSpec(RESULTS, RESULT_PARTITIONS),
+            TopicSpec(SMALL, 1, {"max.message.bytes": "1000"}),
+        ]
     )
     logs = tmp_path_factory.mktemp("eos")
     first = _worker(kafka, logs / "first.log", "first")
@@ -210,6 +215,46 @@ async def test_read_committed_sees_each_request_once_after_a_worker_is_killed(
     assert vector.shape == (1, DIM)
     # The log never carries request text.
     assert SECRET not in survivor.log_path.read_text()
+
+
+async def test_a_result_its_reply_topic_refuses_is_dead_lettered(
+    kafka: LocalKafka, workers: tuple[WorkerProcess, WorkerProcess]
+) -> None:
+    """A reply topic that exists but refuses the result (here: smaller max.message.bytes
+    than the result) does not fail an exactly-once worker: the transaction is aborted and
+    retried with that result dead-lettered (reason reply_failed), and a request behind it
+    is answered."""
+    alive = [w for w in workers if w.process.poll() is None]
+    poison = EmbedRequest(id=f"{TAG}-poison", inputs=("too large for its topic",), reply_to=SMALL)
+    after = EmbedRequest(id=f"{TAG}-after", inputs=("answered anyway",), reply_to=RESULTS)
+    async with producer(kafka.bootstrap_servers) as client:
+        origin = await (await client.send(REQUESTS, encode_request(poison), partition=0))
+        await (await client.send(REQUESTS, encode_request(after), partition=0))
+
+    def where(record: Any) -> tuple[str, str]:
+        headers = dict(record.headers)
+        return headers.get(DLQ_TOPIC, b"").decode(), headers.get(DLQ_OFFSET, b"").decode()
+
+    wanted = (REQUESTS, str(origin.offset))
+    letters = await collect(
+        kafka.bootstrap_servers,
+        "embed.requests.dlq",
+        lambda records: wanted in {where(r) for r in records},
+        timeout=90,
+        isolation_level="read_committed",
+    )
+    [letter] = [record for record in letters if where(record) == wanted]
+    assert dict(letter.headers)[DLQ_ERROR_CODE] == b"reply_failed"
+    assert letter.value == encode_request(poison)
+    answered = await _read(
+        kafka.bootstrap_servers, "read_committed", lambda ids: after.id in ids, timeout=90
+    )
+    assert after.id in {request_id for request_id, _ in answered}
+    for worker in alive:
+        assert worker.process.poll() is None, "no worker failed"
+        assert not [e for e in worker.events() if e.get("event") == "transaction.failed"]
+    aborted = [e for w in alive for e in w.events() if e.get("event") == "transaction.aborted"]
+    assert any(e["error"] == "MessageSizeTooLargeError" for e in aborted)
 
 
 async def test_a_fenced_worker_exits_and_a_restart_answers_the_rest_once(

@@ -332,6 +332,29 @@ async def test_a_failed_send_aborts_the_transaction_and_fails_the_worker() -> No
         await h.delivery.commit()
 
 
+async def test_a_refused_result_is_dead_lettered_in_a_second_attempt() -> None:
+    """A reply topic that exists but refuses the result (too large for it, not
+    authorized) aborts the transaction; the same answers are then committed with that
+    result replaced by a dead letter (reason reply_failed), as at least once would, and
+    the worker keeps running."""
+    h = Harness()
+    h.producer.topics["refusing"] = 1
+    h.producer.fail_send_to = "refusing"
+    refused = h.answer(h.record(0), reply_to="refusing")
+    fine = h.answer(h.record(1))
+    await settle()
+    await h.delivery.commit()
+    assert await refused
+    assert await fine
+    assert [event[0] for event in h.producer.events].count("abort") == 1
+    [transaction] = h.producer.transactions()
+    sends = [(event[1], event[3]) for event in transaction if event[0] == "send"]
+    assert [topic for topic, _ in sends] == ["embed.requests.dlq", "embed.results"]
+    assert sends[0][1][DLQ_ERROR_CODE] == b"reply_failed"
+    assert ("offsets", {TP: 2}, "g") in transaction
+    assert h.fatal == []
+
+
 async def test_a_failed_commit_aborts_and_ends_the_run_loop() -> None:
     """A commit the broker refuses aborts the transaction, reports the failure (so the
     worker stops) and ends the run loop."""

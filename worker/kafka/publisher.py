@@ -93,6 +93,7 @@ class KafkaTransactionalPublisher:
         warm_topics: Sequence[str] = (),
     ) -> None:
         self._warm_topics = list(warm_topics)
+        self._stop_timeout = transaction_timeout_ms / 1000
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap_servers,
             client_id=client_id,
@@ -115,9 +116,20 @@ class KafkaTransactionalPublisher:
                 await _check_destination(self._producer, topic, None)
 
     async def stop(self) -> None:
-        await self._producer.stop()
+        """Stop within the transaction timeout: after a failed transaction a message may
+        still wait for the broker (up to request_timeout_ms), and the worker should exit
+        rather than wait for it. Nothing is lost: what is not committed is redelivered."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._producer.stop(), self._stop_timeout)
 
     async def check_destination(self, topic: str, partition: int | None) -> None:
+        known = self._producer.client.cluster.partitions_for_topic(topic)
+        if known:  # the usual case, without a suspension: answers join the waiting batch now
+            if partition is not None and partition not in known:
+                raise PublishError(
+                    f"partition {partition} does not exist in topic {topic!r}", retriable=False
+                )
+            return
         await _check_destination(self._producer, topic, partition)
 
     async def begin(self) -> None:
