@@ -271,7 +271,7 @@ class ExactlyOnce:
         self._failed: BaseException | None = None
         self._phase = ""  # the step the current transaction is in, for failure logs
         self.transactions = 0
-        """Transactions committed (for tests and logs)."""
+        """Transactions committed."""
         self.dropped = 0
         """Answers dropped because their partition had moved."""
 

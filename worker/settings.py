@@ -189,8 +189,8 @@ class WorkerSettings(BaseSettings):
         "committed up to the first unanswered request; after a crash some answers are sent "
         "twice (callers drop duplicates by id). exactly_once: answers and offsets are "
         "committed together in Kafka transactions, so a read_committed reader of the result "
-        "topics sees each answer once, even across crashes and rebalances; costs a "
-        "transaction per transaction_interval_ms (a few ms of latency).",
+        "topics sees each answer once, even across crashes and rebalances; results become "
+        "visible when their transaction commits (~5-15 ms later).",
     )
     transactional_id: str | None = Field(
         None,
@@ -208,11 +208,13 @@ class WorkerSettings(BaseSettings):
         "wait. A transaction that takes longer than this makes the worker fail.",
     )
     transaction_interval_ms: float = Field(
-        5.0,
+        0.0,
         ge=0,
         description="exactly_once: how long the first waiting answer waits for company before "
-        "a transaction is cut (also cut at once when many answers wait). Higher: fewer, "
-        "larger transactions; lower: answers visible sooner.",
+        "a transaction begins (at once when 1000 wait). 0 gave the lowest latency: a "
+        "transaction begins no sooner than 5 ms after the previous commit anyway, and "
+        "answers finished meanwhile share it. Higher: fewer, larger transactions (5 used "
+        "less CPU per bulk text), results visible later by as much.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level."

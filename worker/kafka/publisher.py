@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Mapping, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTP
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, NotEnoughReplicasError
 
 from worker.ports import PublishError, TopicPartition
 
@@ -27,6 +28,22 @@ _TOPIC_WAIT_S = 10.0
 # aiokafka's version); aiokafka's default 100 ms back-off then dominates the latency of
 # back-to-back transactions. 20 ms is what aiokafka itself waits between transactions.
 _TXN_RETRY_BACKOFF_MS = 20
+
+
+class _ExpectedRetries(logging.Filter):
+    """Drops aiokafka's warning for the produce retry above (NOT_ENOUGH_REPLICAS while the
+    previous transaction completes): expected, harmless, and frequent under load. A
+    genuine shortage of replicas still shows, as transactions that fail."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            str(record.msg).startswith("Got error produce response")
+            and isinstance(record.args, tuple)
+            and NotEnoughReplicasError in record.args
+        )
+
+
+_EXPECTED_RETRIES = _ExpectedRetries()
 
 
 class KafkaPublisher:
@@ -94,6 +111,7 @@ class KafkaTransactionalPublisher:
     ) -> None:
         self._warm_topics = list(warm_topics)
         self._stop_timeout = transaction_timeout_ms / 1000
+        logging.getLogger("aiokafka.producer.sender").addFilter(_EXPECTED_RETRIES)
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap_servers,
             client_id=client_id,
