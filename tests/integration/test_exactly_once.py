@@ -1,7 +1,7 @@
 """Exactly-once delivery (KEMBED_DELIVERY=exactly_once) survives a worker SIGKILL.
 
 Two exactly-once workers share one consumer group on their own topics; a few hundred
-requests are published and one worker is SIGKILLed while answers are flowing. A
+requests are published and one worker is SIGKILLed in the middle of a transaction. A
 read_committed reader of the result topic then sees every request id exactly once: the
 killed worker's open transaction (results and offsets) is aborted by the broker, and the
 surviving worker answers those requests again from the last committed offsets.
@@ -10,6 +10,8 @@ surviving worker answers those requests again from the last committed offsets.
 from __future__ import annotations
 
 import asyncio
+import random
+import signal
 import time
 import uuid
 from collections import Counter
@@ -33,7 +35,9 @@ pytestmark = pytest.mark.integration
 TAG = uuid.uuid4().hex[:6]
 REQUESTS, RESULTS, GROUP = f"eos.{TAG}.requests", f"eos.{TAG}.results", f"eos-{TAG}"
 SMALL = f"eos.{TAG}.small"  # a reply topic whose max.message.bytes no result fits in
-REQUEST_PARTITIONS, RESULT_PARTITIONS = 4, 3
+# Each request asks for the result partition numbered like its request partition, so the
+# results on a partition come from that request partition's owner alone.
+REQUEST_PARTITIONS = RESULT_PARTITIONS = 4
 COUNT, INPUTS = 300, 6
 DIM = 384
 SECRET = "exactly once, whatever happens"  # request text, never to be logged
@@ -135,13 +139,52 @@ async def _committed(
 
 
 async def _publish(bootstrap: str, topic: str, requests: list[EmbedRequest]) -> dict[int, int]:
-    """Send ``requests``; the end offset of each partition written to."""
+    """Send ``requests`` (each to the partition numbered like its reply_partition, if it
+    has one); the end offset of each partition written to."""
     ends: dict[int, int] = {}
     async with producer(bootstrap) as client:
         for request in requests:
-            meta = await (await client.send(topic, encode_request(request)))
+            value = encode_request(request)
+            meta = await (await client.send(topic, value, partition=request.reply_partition))
             ends[meta.partition] = max(ends.get(meta.partition, 0), meta.offset + 1)
     return ends
+
+
+async def _kill_in_a_transaction(bootstrap: str, victim: WorkerProcess) -> bool:
+    """SIGKILL ``victim`` while a transaction of its own is open: freeze it (SIGSTOP) and
+    look at the result partitions only it writes to; a high watermark past the last stable
+    offset that stays there longer than a commit takes to complete is its open
+    transaction. Tries for a while, then kills it anyway; True if it caught one."""
+    assigned = [e for e in victim.events() if e.get("event") == "partitions.assigned"]
+    mine = [int(name.rsplit("-", 1)[1]) for name in assigned[-1]["partitions"]]
+    tps = [TopicPartition(RESULTS, p) for p in mine]
+    readers = [
+        AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=level)
+        for level in ("read_uncommitted", "read_committed")
+    ]
+    for reader in readers:
+        await reader.start()
+
+    async def open_transaction() -> bool:
+        high, stable = [await reader.end_offsets(tps) for reader in readers]
+        return any(high[tp] > stable[tp] for tp in tps)
+
+    try:
+        for _ in range(500):
+            victim.process.send_signal(signal.SIGSTOP)
+            if await open_transaction():
+                await asyncio.sleep(0.3)  # a commit under way completes meanwhile
+                if await open_transaction():
+                    victim.process.kill()
+                    return True
+            victim.process.send_signal(signal.SIGCONT)
+            await asyncio.sleep(random.uniform(0, 0.03))
+        victim.process.kill()
+        return False
+    finally:
+        victim.process.wait()
+        for reader in readers:
+            await reader.stop()
 
 
 def _assert_once(seen: list[tuple[str, Any]], wanted: set[str], inputs: int) -> None:
@@ -162,26 +205,34 @@ def _assert_once(seen: list[tuple[str, Any]], wanted: set[str], inputs: int) -> 
 async def test_read_committed_sees_each_request_once_after_a_worker_is_killed(
     kafka: LocalKafka, workers: tuple[WorkerProcess, WorkerProcess]
 ) -> None:
-    """SIGKILL one of two exactly-once workers mid-stream: a read_committed reader sees
-    every request id exactly once, each with a (6, 384) vector block; the group's committed
-    offsets (written only inside transactions) reach the end of every request partition;
-    and the surviving worker keeps serving read_committed SDK calls."""
+    """SIGKILL one of two exactly-once workers in the middle of a transaction: a
+    read_committed reader sees every request id exactly once, each with a (6, 384) vector
+    block, while a read_uncommitted reader sees the killed transaction's answers as well;
+    the group's committed offsets (written only inside transactions) reach the end of every
+    request partition; and the surviving worker keeps serving read_committed SDK calls."""
     victim, survivor = workers
     requests = [
-        EmbedRequest(id=f"{TAG}-{i:04d}", inputs=_texts(i), reply_to=RESULTS) for i in range(COUNT)
+        EmbedRequest(
+            id=f"{TAG}-{i:04d}",
+            inputs=_texts(i),
+            reply_to=RESULTS,
+            reply_partition=i % RESULT_PARTITIONS,
+        )
+        for i in range(COUNT)
     ]
     wanted = {request.id for request in requests}
     ends = await _publish(kafka.bootstrap_servers, REQUESTS, requests)
 
-    # Kill the victim while answers are flowing: once a quarter of them are visible.
+    # Once a tenth of the answers are visible, kill the victim inside a transaction.
     await _read(
         kafka.bootstrap_servers,
         "read_uncommitted",
-        lambda ids: len(set(ids) & wanted) >= COUNT // 4,
+        lambda ids: len(set(ids) & wanted) >= COUNT // 10,
         timeout=120,
     )
-    victim.process.kill()
-    victim.process.wait()
+    assert await _kill_in_a_transaction(kafka.bootstrap_servers, victim), (
+        "never caught the victim with a transaction open"
+    )
 
     seen = await _read(
         kafka.bootstrap_servers,
@@ -195,12 +246,13 @@ async def test_read_committed_sees_each_request_once_after_a_worker_is_killed(
     committed = await _committed(kafka.bootstrap_servers)
     assert committed == {p: ends.get(p) for p in range(REQUEST_PARTITIONS)}
 
-    # The read_uncommitted view may hold the killed worker's aborted answers; those are
-    # exactly what read_committed readers never see.
+    # The aborted transaction's answers are in the log, and their requests were answered
+    # again: read_uncommitted readers see those twice, read_committed readers never.
     everything = await _read(
         kafka.bootstrap_servers, "read_uncommitted", lambda ids: wanted <= set(ids), timeout=60
     )
-    assert len(everything) >= len(seen)
+    twice = [i for i, n in Counter(i for i, _ in everything).items() if n > 1]
+    assert twice, "the killed transaction held answers"
 
     assert survivor.process.poll() is None
     taken = [e for e in survivor.events() if e.get("event") == "partitions.assigned"]
