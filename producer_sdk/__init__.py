@@ -2,13 +2,38 @@
 
 from producer_sdk.client import EmbedClient
 from producer_sdk.config import ClientConfig
-from producer_sdk.errors import ClientClosedError, EmbedError, EmbedTimeoutError, KembedError
+from producer_sdk.encodings import (
+    Embeddings,
+    dequantize_int8,
+    hamming_distances,
+    unpack_bits,
+)
+from producer_sdk.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    ClientClosedError,
+    EmbedError,
+    EmbedTimeoutError,
+    KafkaAccessError,
+    KembedError,
+    UnexpectedEncodingError,
+)
+from schemas import Encoding
 
 __all__ = [
+    "AuthenticationError",
+    "AuthorizationError",
     "ClientClosedError",
     "ClientConfig",
     "EmbedClient",
     "EmbedError",
     "EmbedTimeoutError",
+    "Embeddings",
+    "Encoding",
+    "KafkaAccessError",
     "KembedError",
+    "UnexpectedEncodingError",
+    "dequantize_int8",
+    "hamming_distances",
+    "unpack_bits",
 ]

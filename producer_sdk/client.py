@@ -2,6 +2,7 @@
 
     async with EmbedClient(bootstrap_servers="localhost:9092") as client:
         vectors = await client.embed(["first text", "second text"], timeout=30)
+        codes = await client.embed(["first text"], encoding="int8")  # int8 (1, dim)
 
 Many calls may run concurrently on one client; each is correlated with its result by a
 unique request id. Results go to one partition of the reply topic that this client reads
@@ -15,22 +16,38 @@ import time
 import uuid
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
 import structlog
 
 from producer_sdk.config import ClientConfig
-from producer_sdk.errors import ClientClosedError, EmbedError, EmbedTimeoutError
+from producer_sdk.encodings import Embeddings
+from producer_sdk.errors import (
+    AuthorizationError,
+    ClientClosedError,
+    EmbedError,
+    EmbedTimeoutError,
+    UnexpectedEncodingError,
+)
 from producer_sdk.pending import PendingCalls
 from producer_sdk.transport import Transport
-from schemas import EmbedRequest, ErrorResult, SchemaError, decode_result, encode_request
+from schemas import (
+    EmbedRequest,
+    Encoding,
+    ErrorResult,
+    SchemaError,
+    decode_result,
+    encode_request,
+)
 from schemas.headers import routing_headers
 
 __all__ = ["EmbedClient"]
 
 log = structlog.get_logger("kembed.sdk")
+
+_ENCODING_NAMES = frozenset(encoding.value for encoding in Encoding)
 
 
 class EmbedClient:
@@ -38,7 +55,7 @@ class EmbedClient:
         """Options are the fields of :class:`~producer_sdk.config.ClientConfig`."""
         self.config = ClientConfig(bootstrap_servers=bootstrap_servers, **options)
         self._pending = PendingCalls()
-        self._transport = Transport(self.config, self._on_reply)
+        self._transport = Transport(self.config, self._on_reply, self._on_failure)
         self._started = False
 
     async def __aenter__(self) -> EmbedClient:
@@ -72,6 +89,76 @@ class EmbedClient:
         """Results received but not waited for: late, duplicate, or another client's."""
         return self._pending.dropped
 
+    @overload
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        normalize: bool = ...,
+        truncate: bool = ...,
+        dimensions: int | None = ...,
+        prompt: str | None = ...,
+        encoding: Literal["float32"] = ...,
+    ) -> npt.NDArray[np.float32]: ...
+
+    @overload
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        normalize: bool = ...,
+        truncate: bool = ...,
+        dimensions: int | None = ...,
+        prompt: str | None = ...,
+        encoding: Literal["float16"],
+    ) -> npt.NDArray[np.float16]: ...
+
+    @overload
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        normalize: bool = ...,
+        truncate: bool = ...,
+        dimensions: int | None = ...,
+        prompt: str | None = ...,
+        encoding: Literal["int8"],
+    ) -> npt.NDArray[np.int8]: ...
+
+    @overload
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        normalize: bool = ...,
+        truncate: bool = ...,
+        dimensions: int | None = ...,
+        prompt: str | None = ...,
+        encoding: Literal["binary"],
+    ) -> npt.NDArray[np.uint8]: ...
+
+    @overload
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        normalize: bool = ...,
+        truncate: bool = ...,
+        dimensions: int | None = ...,
+        prompt: str | None = ...,
+        encoding: Encoding | str,
+    ) -> npt.NDArray[Any]: ...
+
     async def embed(
         self,
         texts: Sequence[str],
@@ -82,18 +169,55 @@ class EmbedClient:
         truncate: bool = True,
         dimensions: int | None = None,
         prompt: str | None = None,
-    ) -> npt.NDArray[np.float32]:
-        """Embed ``texts``; a float32 array of shape (len(texts), dim), in input order.
+        encoding: Encoding | str = Encoding.FLOAT32,
+    ) -> npt.NDArray[Any]:
+        """Embed ``texts``; one row per text, in input order.
+
+        The array's type follows ``encoding``: float32 (default) and float16 give
+        (len(texts), dim) floats, int8 (len(texts), dim) codes (divide by 127 for normalized
+        vectors; :meth:`embed_result` also gives the scales), binary (len(texts),
+        ceil(dim / 8)) uint8 packed sign bits (:func:`producer_sdk.unpack_bits`).
 
         Raises EmbedError (with the wire ``code``) when the worker rejects the request,
-        EmbedTimeoutError when no result arrives within ``timeout`` seconds.
+        EmbedTimeoutError when no result arrives within ``timeout`` seconds, and
+        AuthorizationError at once when this client may not write the request topic (or
+        read the reply topic).
         """
+        result = await self.embed_result(
+            texts,
+            timeout=timeout,
+            model=model,
+            normalize=normalize,
+            truncate=truncate,
+            dimensions=dimensions,
+            prompt=prompt,
+            encoding=encoding,
+        )
+        return result.vectors
+
+    async def embed_result(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = None,
+        model: str | None = None,
+        normalize: bool = True,
+        truncate: bool = True,
+        dimensions: int | None = None,
+        prompt: str | None = None,
+        encoding: Encoding | str = Encoding.FLOAT32,
+    ) -> Embeddings:
+        """Like :meth:`embed`, but the whole result: vectors, int8 scales, tokens, model."""
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be a sequence of strings")
         if not texts:
             raise ValueError("texts must not be empty")
+        if encoding not in _ENCODING_NAMES:
+            raise ValueError(f"encoding must be one of {', '.join(Encoding)}, not {encoding!r}")
         if not self._started:
             raise ClientClosedError("the client is not started; use 'async with'")
+        if (failure := self._transport.failure) is not None:
+            raise AuthorizationError(failure.principal, failure.operation, failure.topic)
         wait = self.config.timeout if timeout is None else timeout
         request = EmbedRequest(
             id=uuid.uuid4().hex,
@@ -102,6 +226,7 @@ class EmbedClient:
             normalize=normalize,
             truncate=truncate,
             dimensions=dimensions,
+            encoding=Encoding(encoding),
             prompt=prompt,
             deadline_ms=int((time.time() + wait) * 1000),
             reply_to=self.config.reply_topic,
@@ -115,8 +240,9 @@ class EmbedClient:
                 index=result.error.index,
                 request_id=result.id,
             )
-        flat = np.frombuffer(result.vectors, dtype="<f4")
-        return flat.reshape(result.count, result.dim).astype(np.float32)
+        if result.dtype != request.encoding:
+            raise UnexpectedEncodingError(request.id, str(request.encoding), str(result.dtype))
+        return Embeddings.from_result(result)
 
     async def _call(self, request: EmbedRequest, timeout: float) -> Any:
         future = self._pending.add(request.id)
@@ -129,6 +255,9 @@ class EmbedClient:
             raise EmbedTimeoutError(request.id, timeout) from None
         finally:
             self._pending.discard(request.id)
+
+    def _on_failure(self, error: AuthorizationError) -> None:
+        self._pending.fail_all(error)
 
     def _on_reply(self, request_id: str | None, value: bytes) -> None:
         if request_id is not None and request_id not in self._pending:

@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import SecretStr
+
 __all__ = ["ClientConfig"]
+
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +36,72 @@ class ClientConfig:
     on the same reply partition until the broker aborts it (the workers'
     transaction_timeout_ms). With at-least-once workers both levels read the same."""
 
+    # Security, named like Kafka's client configs (and the worker's settings).
+    security_protocol: str = "PLAINTEXT"
+    """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
+    sasl_mechanism: str | None = None
+    """PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; required by the SASL_* protocols."""
+    sasl_username: str | None = None
+    sasl_password: SecretStr | str | None = None
+    """Kept as a ``SecretStr`` (a plain string is converted), so it never prints."""
+    ssl_cafile: str | None = None
+    """PEM file of the CAs that signed the brokers' certificates; None: the system's."""
+    ssl_certfile: str | None = None
+    """PEM client certificate chain, for mutual TLS."""
+    ssl_keyfile: str | None = None
+    """PEM private key of ``ssl_certfile``, when in a separate file."""
+    ssl_password: SecretStr | str | None = None
+    """Password of an encrypted ``ssl_keyfile``; kept as a ``SecretStr``."""
+    ssl_check_hostname: bool = True
+    """Check that a broker's certificate names the host connected to."""
+
     def __post_init__(self) -> None:
         if self.isolation_level not in ("read_uncommitted", "read_committed"):
             raise ValueError(
                 f"isolation_level must be read_uncommitted or read_committed, "
                 f"not {self.isolation_level!r}"
             )
+        for name in ("sasl_password", "ssl_password"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, SecretStr(value))
+        problems = self.security_problems()
+        if problems:
+            raise ValueError("invalid security settings: " + "; ".join(problems))
+
+    def security_problems(self) -> list[str]:
+        """Contradictory or incomplete security settings, as sentences for people."""
+        protocol = self.security_protocol
+        if protocol not in _PROTOCOLS:
+            return [f"security_protocol must be one of {', '.join(_PROTOCOLS)}"]
+        problems = []
+        if self.sasl_mechanism is not None and self.sasl_mechanism not in _MECHANISMS:
+            problems.append(f"sasl_mechanism must be one of {', '.join(_MECHANISMS)}")
+        sasl = {
+            "sasl_mechanism": self.sasl_mechanism,
+            "sasl_username": self.sasl_username,
+            "sasl_password": self.sasl_password,
+        }
+        if protocol.startswith("SASL_"):
+            if missing := [name for name, value in sasl.items() if not value]:
+                problems.append(f"security_protocol {protocol} needs {', '.join(missing)}")
+        elif given := [name for name, value in sasl.items() if value]:
+            problems.append(
+                f"{', '.join(given)} given, but security_protocol {protocol} sends no SASL "
+                "credentials: use a SASL_* protocol"
+            )
+        tls = {
+            "ssl_cafile": self.ssl_cafile,
+            "ssl_certfile": self.ssl_certfile,
+            "ssl_keyfile": self.ssl_keyfile,
+            "ssl_password": self.ssl_password,
+        }
+        if protocol not in ("SSL", "SASL_SSL"):
+            if given := [name for name, value in tls.items() if value]:
+                problems.append(
+                    f"{', '.join(given)} given, but security_protocol {protocol} does not "
+                    "use TLS: use SSL or SASL_SSL"
+                )
+        elif not self.ssl_certfile and (self.ssl_keyfile or self.ssl_password):
+            problems.append("ssl_keyfile and ssl_password need ssl_certfile")
+        return problems

@@ -5,14 +5,29 @@ Exception tree::
     KembedError                  base of everything the SDK raises on purpose
     ├── EmbedError               the worker answered with an error result (wire ``code``)
     ├── EmbedTimeoutError        no result within the timeout (also a ``TimeoutError``)
-    └── ClientClosedError        the client was closed while the call waited
+    ├── UnexpectedEncodingError  the result is not in the encoding asked for
+    ├── ClientClosedError        the client was closed while the call waited
+    └── KafkaAccessError         Kafka refused this client; retrying will not help
+        ├── AuthenticationError  the login (SASL) or the TLS handshake was rejected
+        └── AuthorizationError   the client's principal lacks an ACL on a topic
+
+Messages name the user, topic and operation, never a password.
 """
 
 from __future__ import annotations
 
 from schemas import ErrorCode
 
-__all__ = ["ClientClosedError", "EmbedError", "EmbedTimeoutError", "KembedError"]
+__all__ = [
+    "AuthenticationError",
+    "AuthorizationError",
+    "ClientClosedError",
+    "EmbedError",
+    "EmbedTimeoutError",
+    "KafkaAccessError",
+    "KembedError",
+    "UnexpectedEncodingError",
+]
 
 
 class KembedError(Exception):
@@ -50,5 +65,50 @@ class EmbedTimeoutError(KembedError, TimeoutError):
         self.timeout = timeout
 
 
+class UnexpectedEncodingError(KembedError):
+    """The worker answered in another encoding than the one asked for: a worker that
+    predates output encodings ignores the request's ``encoding`` and answers float32."""
+
+    def __init__(self, request_id: str, asked: str, got: str) -> None:
+        super().__init__(
+            f"asked for {asked} vectors, the worker answered {got} (request {request_id}); "
+            "the worker may predate output encodings"
+        )
+        self.request_id = request_id
+        self.asked = asked
+        self.got = got
+
+
 class ClientClosedError(KembedError):
     """The client was closed (or never started) while a call needed it."""
+
+
+class KafkaAccessError(KembedError):
+    """Kafka refused this client: wrong credentials, or missing rights."""
+
+
+class AuthenticationError(KafkaAccessError):
+    """The broker rejected the client's login (SASL) or its TLS handshake failed.
+
+    Raised by ``start()`` (``async with EmbedClient(...)``).
+    """
+
+
+class AuthorizationError(KafkaAccessError):
+    """The client's principal may not do ``operation`` ("write", "read", "describe") on
+    ``topic``: the cluster needs an ACL allowing it.
+
+    Raised by ``embed()`` when the request topic may not be written (at once, not after the
+    timeout), and by ``start()`` or ``embed()`` when the reply topic may not be read.
+    """
+
+    def __init__(self, principal: str, operation: str, topic: str) -> None:
+        op = operation.upper()
+        super().__init__(
+            f"authorization failed: {principal} is not authorized for {op} on topic "
+            f"{topic!r} (Kafka TOPIC_AUTHORIZATION_FAILED); it needs an ACL allowing {op} "
+            "on that topic"
+        )
+        self.principal = principal
+        self.operation = operation
+        self.topic = topic

@@ -14,21 +14,33 @@ import random
 from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from producer_sdk.config import ClientConfig
+from producer_sdk.errors import AuthorizationError
+from producer_sdk.security import client_options, diagnose_login, principal_of
 from schemas.headers import CORRELATION_ID
 
 __all__ = ["Transport"]
 
 ReplyHandler = Callable[[str | None, bytes], None]
+FailureHandler = Callable[[AuthorizationError], None]
 
 
 class Transport:
-    def __init__(self, config: ClientConfig, on_reply: ReplyHandler) -> None:
+    def __init__(
+        self, config: ClientConfig, on_reply: ReplyHandler, on_failure: FailureHandler
+    ) -> None:
         self._config = config
         self._on_reply = on_reply
+        self._on_failure = on_failure
+        self._options = client_options(config)
+        self._principal = principal_of(config)
+        self.failure: AuthorizationError | None = None
+        """Set when the reply topic turned out unreadable: no result can arrive."""
         self._producer = AIOKafkaProducer(
             bootstrap_servers=config.bootstrap_servers,
+            **self._options,
             client_id=config.client_id,
             acks="all",
             enable_idempotence=False,  # a resent request is answered twice; one is dropped
@@ -36,6 +48,7 @@ class Transport:
         )
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=config.bootstrap_servers,
+            **self._options,
             client_id=config.client_id,
             group_id=None,
             enable_auto_commit=False,
@@ -46,9 +59,19 @@ class Transport:
         self.reply_partition = -1
 
     async def start(self) -> None:
-        await self._producer.start()
+        """Connect and take the reply partition. Raises AuthenticationError when Kafka
+        rejects the login, AuthorizationError when the reply topic may not be read."""
         try:
-            partitions = await self._producer.partitions_for(self._config.reply_topic)
+            await self._producer.start()
+        except KafkaConnectionError:
+            await self.stop()
+            await diagnose_login(self._config, self._options)
+            raise
+        try:
+            try:
+                partitions = await self._producer.partitions_for(self._config.reply_topic)
+            except TopicAuthorizationFailedError:
+                raise self._denied("read", self._config.reply_topic) from None
             chosen = self._config.reply_partition
             if chosen is None:
                 chosen = random.choice(sorted(partitions))
@@ -78,12 +101,28 @@ class Transport:
         await self._producer.stop()
 
     async def send(self, value: bytes, headers: Sequence[tuple[str, bytes]]) -> None:
-        """Return once the request is durably in Kafka (acknowledged by all in-sync replicas)."""
-        await self._producer.send_and_wait(
-            self._config.requests_topic, value, headers=list(headers)
-        )
+        """Return once the request is durably in Kafka (acknowledged by all in-sync replicas).
+
+        Raises AuthorizationError at once if the request topic may not be written."""
+        try:
+            await self._producer.send_and_wait(
+                self._config.requests_topic, value, headers=list(headers)
+            )
+        except TopicAuthorizationFailedError:
+            raise self._denied("write", self._config.requests_topic) from None
+
+    def _denied(self, operation: str, topic: str) -> AuthorizationError:
+        return AuthorizationError(self._principal, operation, topic)
 
     async def _read_replies(self) -> None:
+        try:
+            await self._read_forever()
+        except TopicAuthorizationFailedError:
+            # Describe but not read: positioning worked, fetching does not.
+            self.failure = self._denied("read", self._config.reply_topic)
+            self._on_failure(self.failure)
+
+    async def _read_forever(self) -> None:
         while True:
             batches = await self._consumer.getmany(timeout_ms=1000)
             for records in batches.values():

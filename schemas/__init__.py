@@ -1,6 +1,7 @@
 """kembed wire format: versioned msgpack messages. Depends on msgpack and the stdlib only."""
 
 from schemas.codec import decode_request, decode_result, encode_request, encode_result
+from schemas.encodings import Encoding
 from schemas.errors import Envelope, ErrorCode, SchemaError
 from schemas.v1 import (
     DEFAULT_RESULTS_TOPIC,
@@ -17,6 +18,7 @@ __all__ = [
     "VERSION",
     "EmbedRequest",
     "EmbedResult",
+    "Encoding",
     "Envelope",
     "ErrorCode",
     "ErrorInfo",

@@ -14,6 +14,7 @@ from typing import Any, NoReturn, TypeVar
 
 import msgpack
 
+from schemas.encodings import Encoding, row_bytes
 from schemas.errors import Envelope, ErrorCode, SchemaError
 from schemas.v1 import (
     MAX_ID_BYTES,
@@ -28,7 +29,6 @@ from schemas.v1 import (
 )
 
 __all__ = [
-    "DTYPE_ITEMSIZE",
     "decode_request",
     "decode_result",
     "encode_request",
@@ -36,7 +36,7 @@ __all__ = [
     "is_valid_topic",
 ]
 
-DTYPE_ITEMSIZE = {"float32": 4}
+_ENCODING_NAMES = frozenset(encoding.value for encoding in Encoding)
 _TOPIC = re.compile(r"[A-Za-z0-9._-]+")
 _T = TypeVar("_T")
 
@@ -61,6 +61,8 @@ def encode_request(request: EmbedRequest) -> bytes:
     if not request.truncate:
         body["truncate"] = False
     _put(body, "dimensions", request.dimensions)
+    if request.encoding != Encoding.FLOAT32:
+        body["encoding"] = str(request.encoding)
     _put(body, "prompt", request.prompt)
     _put(body, "deadline_ms", request.deadline_ms)
     _put(body, "reply_to", request.reply_to)
@@ -75,8 +77,9 @@ def encode_result(result: Result) -> bytes:
     if isinstance(result, EmbedResult):
         body["model"] = result.model
         body["dim"] = result.dim
-        body["dtype"] = result.dtype
+        body["dtype"] = str(result.dtype)
         body["vectors"] = result.vectors
+        _put(body, "scales", result.scales)
         body["tokens"] = list(result.tokens)
     else:
         error: dict[str, Any] = {"code": str(result.error.code), "message": result.error.message}
@@ -131,20 +134,29 @@ def decode_result(data: bytes) -> Result:
     dtype = _required(body, "dtype", _str)
     vectors = _required(body, "vectors", _bin)
     tokens = tuple(_required(body, "tokens", _int_list))
-    itemsize = DTYPE_ITEMSIZE.get(dtype)
-    if itemsize is None:
+    if dtype not in _ENCODING_NAMES:
         _fail(f"unknown dtype {dtype!r}")
-    if len(vectors) != len(tokens) * dim * itemsize:
+    encoding = Encoding(dtype)
+    if len(vectors) != len(tokens) * row_bytes(encoding, dim):
         _fail(f"'vectors' holds {len(vectors)} bytes, expected {len(tokens)} x {dim} {dtype}")
+    scales = _optional(body, "scales", _bin)
+    if encoding == Encoding.INT8:
+        if scales is None:
+            _fail("missing required field 'scales' (dtype int8)")
+        if len(scales) != len(tokens) * 4:
+            _fail(f"'scales' holds {len(scales)} bytes, expected {len(tokens)} float32")
+    elif scales is not None:
+        _fail(f"'scales' is only valid with dtype int8, not {dtype}")
     return EmbedResult(
         id=result_id,
         model=_required(body, "model", _str),
         dim=dim,
         vectors=vectors,
         tokens=tokens,
-        dtype=dtype,
+        dtype=encoding,
         keys=keys,
         meta=meta,
+        scales=scales,
     )
 
 
@@ -237,6 +249,7 @@ def _request_from_map(body: dict[str, Any]) -> EmbedRequest:
         normalize=_flag(body, "normalize"),
         truncate=_flag(body, "truncate"),
         dimensions=_optional(body, "dimensions", _positive),
+        encoding=_optional(body, "encoding", _encoding) or Encoding.FLOAT32,
         prompt=_optional(body, "prompt", _str),
         deadline_ms=_optional(body, "deadline_ms", _non_negative),
         reply_to=_optional(body, "reply_to", _topic),
@@ -325,6 +338,13 @@ def _bin(value: object) -> bytes:
     if not isinstance(value, bytes):
         raise _MistypedError("must be binary")
     return value
+
+
+def _encoding(value: object) -> Encoding:
+    text = _str(value)
+    if text not in _ENCODING_NAMES:
+        raise _MistypedError(f"must be one of {', '.join(Encoding)}")
+    return Encoding(text)
 
 
 def _code(value: str) -> ErrorCode | str:

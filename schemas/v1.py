@@ -11,6 +11,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.encodings import Encoding
 from schemas.errors import ErrorCode
 
 __all__ = [
@@ -45,6 +46,7 @@ class EmbedRequest:
     normalize: bool = True
     truncate: bool = True
     dimensions: int | None = None
+    encoding: Encoding = Encoding.FLOAT32
     prompt: str | None = None
     deadline_ms: int | None = None
     reply_to: str | None = None
@@ -59,16 +61,19 @@ class EmbedRequest:
 
 @dataclass(frozen=True, slots=True)
 class EmbedResult:
-    """The vectors for one request: ``len(tokens)`` rows of ``dim`` values, row-major."""
+    """The vectors for one request: ``len(tokens)`` rows of ``dim`` values, row-major,
+    encoded as ``dtype`` says (an :class:`~schemas.encodings.Encoding` value); ``scales``
+    holds one little-endian float32 per row for int8 results and is None otherwise."""
 
     id: str
     model: str
     dim: int
     vectors: bytes
     tokens: tuple[int, ...]
-    dtype: str = "float32"
+    dtype: str = Encoding.FLOAT32
     keys: tuple[Key, ...] | None = None
     meta: dict[str, Any] | None = None
+    scales: bytes | None = None
 
     @property
     def count(self) -> int:

@@ -14,6 +14,9 @@ Two ways to use it:
 * From a shell: ``python -m scripts.kafka_local start|stop|status|fetch``. ``start`` leaves the
   broker running detached and prints its bootstrap address; ``fetch`` only warms the jar cache.
 
+``LocalKafka(data_dir, scram_users={"admin": ..., "alice": ...})`` runs it secured: SASL/SCRAM
+logins and ACLs (``grant()``, via ``scripts/kafka_acls.py``), with ``admin`` the super user.
+
 Broker logs go to ``DATA_DIR/broker.log`` (INFO) and ``DATA_DIR/broker.out`` (JVM stdout/stderr,
 log ERRORs only).
 """
@@ -27,6 +30,8 @@ import concurrent.futures
 import contextlib
 import fcntl
 import os
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -44,10 +49,19 @@ from typing import Any, TypeVar
 from aiokafka import errors as kafka_errors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from scripts.kafka_acls import OPERATIONS, AclBinding, create_acls_async
+
 KAFKA_VERSION = "4.1.1"
 DEFAULT_HEAP = "512m"
 HOST = "127.0.0.1"
 NODE_ID = 1
+
+# Secured mode: the super user that the broker itself and topic creation authenticate as.
+ADMIN_USER = "admin"
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+# Names and passwords end up in server.properties (JAAS) and StorageTool arguments: keep them
+# to characters that need no quoting in either.
+_SAFE_CREDENTIAL = re.compile(r"[A-Za-z0-9._~-]+")
 
 KAFKA_DIR = Path(__file__).resolve().parent / "kafka"
 POM_FILE = KAFKA_DIR / "pom.xml"
@@ -60,6 +74,7 @@ BOOTSTRAP_NAME = "bootstrap"
 OUT_NAME = "broker.out"
 LOG_NAME = "broker.log"
 LOG_DIRS_NAME = "kafka-logs"
+TLS_DIR_NAME = "tls"
 
 _T = TypeVar("_T")
 
@@ -73,11 +88,16 @@ class TopicSpec:
     config: dict[str, str] = field(default_factory=dict)
 
 
+# Request topics (and the DLQ, which copies requests) take messages above the worker's
+# max_request_bytes (4 MiB), so an oversized request reaches the worker and is answered
+# with message_too_large instead of being refused by the broker with no answer at all.
+_LARGE_MESSAGES = {"max.message.bytes": str(8 * 1024 * 1024)}
+
 DEFAULT_TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec("embed.requests", 4),
+    TopicSpec("embed.requests", 4, _LARGE_MESSAGES),
     TopicSpec("embed.results", 8),
-    TopicSpec("embed.requests.bulk", 4),
-    TopicSpec("embed.requests.dlq", 1),
+    TopicSpec("embed.requests.bulk", 4, _LARGE_MESSAGES),
+    TopicSpec("embed.requests.dlq", 1, _LARGE_MESSAGES),
 )
 
 
@@ -262,6 +282,134 @@ def render_server_properties(
     return "".join(f"{key}={value}\n" for key, value in config.items())
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """A local CA (PEM, for clients' ``ssl_cafile``) and the broker's PKCS12 keystore."""
+
+    ca_file: Path
+    keystore: Path
+    password: str
+
+
+def secured_server_properties(
+    port: int,
+    controller_port: int,
+    admin_password: str,
+    tls: TlsFiles | None = None,
+    tls_port: int | None = None,
+) -> dict[str, str]:
+    """Overrides that turn ``render_server_properties`` into a SASL/SCRAM broker with ACLs.
+
+    Clients use SASL_PLAINTEXT with SCRAM-SHA-256 or -512 (credentials live in the cluster
+    metadata, added at format time), and with ``tls`` also SASL_SSL on ``tls_port``. The
+    controller listener, loopback only, uses SASL PLAIN with a static admin credential: the
+    controller must authenticate the broker before any SCRAM credential can be read. The
+    broker talks to itself and to its controller as ``admin``, the only super user;
+    everyone else needs ACLs (``LocalKafka.grant``).
+    """
+    user, password = ADMIN_USER, admin_password
+    scram = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{user}" password="{password}";'
+    )
+    plain = (
+        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        f'username="{user}" password="{password}" user_{user}="{password}";'
+    )
+    client_listeners = {"SASL_PLAINTEXT": port}
+    if tls is not None:
+        if tls_port is None:
+            raise ValueError("a TLS listener needs tls_port")
+        client_listeners["SASL_SSL"] = tls_port
+    endpoints = ",".join(f"{name}://{HOST}:{p}" for name, p in client_listeners.items())
+    config = {
+        "listeners": f"{endpoints},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": endpoints,
+        "listener.security.protocol.map": ",".join(
+            [*(f"{name}:{name}" for name in client_listeners), "CONTROLLER:SASL_PLAINTEXT"]
+        ),
+        "inter.broker.listener.name": "SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms": ",".join(SCRAM_MECHANISMS),
+        "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+        "sasl.mechanism.controller.protocol": "PLAIN",
+        "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.controller.plain.sasl.jaas.config": plain,
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": f"User:{user}",
+    }
+    for name in client_listeners:
+        for mechanism in SCRAM_MECHANISMS:
+            config[f"listener.name.{name.lower()}.{mechanism.lower()}.sasl.jaas.config"] = scram
+    if tls is not None:
+        prefix = "listener.name.sasl_ssl.ssl"
+        config[f"{prefix}.keystore.type"] = "PKCS12"
+        config[f"{prefix}.keystore.location"] = str(tls.keystore)
+        config[f"{prefix}.keystore.password"] = tls.password
+        config[f"{prefix}.key.password"] = tls.password
+    return config
+
+
+def _keytool() -> str:
+    sibling = Path(_java()).resolve().parent / "keytool"
+    if sibling.exists():
+        return str(sibling)
+    found = shutil.which("keytool")
+    if found is None:
+        raise RuntimeError("keytool (part of the JDK) is needed for a TLS listener")
+    return found
+
+
+def make_tls_files(directory: Path) -> TlsFiles:
+    """A CA and a broker certificate it signed for 127.0.0.1 (an IP SAN, so clients can
+    check the host name), made with the JDK's keytool once per ``directory``."""
+    ca_file, keystore = directory / "ca.pem", directory / "broker.p12"
+    secret = directory / "keystore-password"
+    if ca_file.exists() and keystore.exists() and secret.exists():
+        return TlsFiles(ca_file, keystore, secret.read_text().strip())
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True, mode=0o700)
+    password = secrets.token_hex(16)
+    env = {**os.environ, "KEMBED_KEYSTORE_PASSWORD": password}
+    store = ["-storetype", "PKCS12", "-storepass:env", "KEMBED_KEYSTORE_PASSWORD"]
+    key = ["-keyalg", "EC", "-groupname", "secp256r1", "-validity", "3650"]
+    ca, broker = str(directory / "ca.p12"), str(keystore)
+    csr, signed, chain = (
+        str(directory / name) for name in ("broker.csr", "broker.crt", "chain.pem")
+    )
+    steps = [
+        ["-genkeypair", "-alias", "ca", "-dname", "CN=kembed-local-ca", "-ext", "bc:c", *key,
+         "-keystore", ca, *store],
+        ["-exportcert", "-alias", "ca", "-rfc", "-file", str(ca_file), "-keystore", ca, *store],
+        ["-genkeypair", "-alias", "broker", "-dname", f"CN={HOST}", *key, "-keystore", broker,
+         *store],
+        ["-certreq", "-alias", "broker", "-file", csr, "-keystore", broker, *store],
+        ["-gencert", "-alias", "ca", "-infile", csr, "-rfc", "-outfile", signed,
+         "-ext", f"SAN=ip:{HOST}", "-ext", "EKU=serverAuth", "-validity", "3650",
+         "-keystore", ca, *store],
+    ]  # fmt: skip
+    for step in steps:
+        _run_keytool(step, env)
+    Path(chain).write_text(ca_file.read_text() + Path(signed).read_text())
+    _run_keytool(
+        ["-importcert", "-noprompt", "-alias", "broker", "-file", chain, "-keystore", broker,
+         *store],
+        env,
+    )  # fmt: skip
+    secret.write_text(password)
+    secret.chmod(0o600)
+    return TlsFiles(ca_file, keystore, password)
+
+
+def _run_keytool(args: list[str], env: Mapping[str, str]) -> None:
+    result = subprocess.run(
+        [_keytool(), *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr).strip()
+        raise RuntimeError(f"keytool {args[0]} failed:\n{output}")
+
+
 def _random_cluster_id() -> str:
     # Same format as `kafka-storage random-uuid` (base64url of 16 random bytes, never starting
     # with "-"), generated here to save a JVM start.
@@ -271,14 +419,26 @@ def _random_cluster_id() -> str:
             return cluster_id
 
 
-def _format_storage(libs: Path, data_dir: Path, config: Path) -> None:
+def _format_storage(
+    libs: Path, data_dir: Path, config: Path, scram_users: Mapping[str, str] | None = None
+) -> None:
+    # SCRAM credentials written at format time (KIP-900) exist before the broker first
+    # starts, so the broker can authenticate its own inter-broker connections as admin.
+    scram = [
+        arg
+        for name, password in (scram_users or {}).items()
+        for mechanism in SCRAM_MECHANISMS
+        for arg in ("--add-scram", f"{mechanism}=[name={name},password={password}]")
+    ]
     command = _java_command(
         libs, data_dir, "kafka.tools.StorageTool",
-        "format", "--ignore-formatted", "-t", _random_cluster_id(), "-c", str(config),
+        "format", "--ignore-formatted", "-t", _random_cluster_id(), "-c", str(config), *scram,
     )  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
         output = (result.stdout + result.stderr).strip()
+        for password in (scram_users or {}).values():
+            output = output.replace(password, "***")
         raise RuntimeError(f"formatting Kafka storage in {data_dir} failed:\n{output}")
 
 
@@ -408,16 +568,21 @@ async def _leaders_ready(admin: Any, names: list[str]) -> bool:
     )
 
 
-async def create_topics_async(bootstrap_servers: str, specs: Sequence[TopicSpec]) -> None:
+async def create_topics_async(
+    bootstrap_servers: str,
+    specs: Sequence[TopicSpec],
+    client_config: Mapping[str, Any] | None = None,
+) -> None:
     """Create ``specs`` (existing topics are left alone) and wait until all have leaders.
 
+    ``client_config`` holds aiokafka security options (a secured broker's admin login).
     Has no deadline of its own; callers bound it with ``asyncio.timeout``.
     """
     if not specs:
         return
     names = [spec.name for spec in specs]
     new_topics = [NewTopic(s.name, s.partitions, 1, topic_configs=dict(s.config)) for s in specs]
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **(client_config or {}))
     try:
         await admin.start()
         _check_create_response(await admin.create_topics(new_topics))
@@ -431,12 +596,17 @@ async def create_topics_async(bootstrap_servers: str, specs: Sequence[TopicSpec]
         await admin.close()
 
 
-def create_topics(bootstrap_servers: str, specs: Sequence[TopicSpec], timeout: float = 30) -> None:
+def create_topics(
+    bootstrap_servers: str,
+    specs: Sequence[TopicSpec],
+    timeout: float = 30,
+    client_config: Mapping[str, Any] | None = None,
+) -> None:
     """Sync version of ``create_topics_async``, bounded by ``timeout`` seconds."""
 
     async def bounded() -> None:
         async with asyncio.timeout(timeout):
-            await create_topics_async(bootstrap_servers, specs)
+            await create_topics_async(bootstrap_servers, specs, client_config)
 
     run_sync(bounded)
 
@@ -454,6 +624,15 @@ class LocalKafka:
     clients can reconnect to the same address.
     ``detach`` starts the JVM in its own session so that it outlives this Python process
     (the CLI uses it); otherwise the broker is also stopped when this process exits.
+
+    ``scram_users`` (name -> password) turns on the secured mode: the client listener is
+    SASL_PLAINTEXT with SCRAM-SHA-256 and SCRAM-SHA-512, these users exist from the first
+    start, and the StandardAuthorizer denies everything that no ACL allows. The users must
+    include ``admin``, the super user that the broker itself and topic creation use; give
+    the others rights with :meth:`grant` and connect with :meth:`client_config`. A data dir
+    keeps the users it was first formatted with. ``tls`` adds a SASL_SSL listener
+    (``tls_bootstrap_servers``) whose certificate, for 127.0.0.1, a local CA signed
+    (``ca_file``).
     """
 
     def __init__(
@@ -464,13 +643,29 @@ class LocalKafka:
         extra_config: Mapping[str, str] | None = None,
         *,
         detach: bool = False,
+        scram_users: Mapping[str, str] | None = None,
+        tls: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.topics = tuple(topics)
         self.extra_config = dict(extra_config or {})
         self.detach = detach
+        self.scram_users = dict(scram_users or {})
+        self.tls = tls
+        if tls and not self.scram_users:
+            raise ValueError("tls=True needs scram_users (the TLS listener is SASL_SSL)")
+        if self.scram_users:
+            if ADMIN_USER not in self.scram_users:
+                raise ValueError(f"scram_users must include the super user {ADMIN_USER!r}")
+            for name, password in self.scram_users.items():
+                if not (_SAFE_CREDENTIAL.fullmatch(name) and _SAFE_CREDENTIAL.fullmatch(password)):
+                    raise ValueError(
+                        f"SCRAM user {name!r}: names and passwords may only use "
+                        "letters, digits and . _ ~ -"
+                    )
         self._port = port
         self._controller_port: int | None = None
+        self._tls_port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._reaper: weakref.finalize[Any, LocalKafka] | None = None
 
@@ -498,6 +693,42 @@ class LocalKafka:
     def config_path(self) -> Path:
         return self.data_dir / CONFIG_NAME
 
+    @property
+    def secured(self) -> bool:
+        return bool(self.scram_users)
+
+    @property
+    def tls_bootstrap_servers(self) -> str:
+        """The SASL_SSL listener's address (``tls=True``)."""
+        if self._tls_port is None:
+            raise RuntimeError("LocalKafka has a TLS listener only with tls=True, once started")
+        return f"{HOST}:{self._tls_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        """PEM certificate of the CA that signed the TLS listener's certificate."""
+        return self.data_dir / TLS_DIR_NAME / "ca.pem"
+
+    @property
+    def security_protocol(self) -> str:
+        """The client listener's protocol: PLAINTEXT, or SASL_PLAINTEXT when secured."""
+        return "SASL_PLAINTEXT" if self.secured else "PLAINTEXT"
+
+    def client_config(
+        self, user: str = ADMIN_USER, mechanism: str = "SCRAM-SHA-256"
+    ) -> dict[str, Any]:
+        """aiokafka keyword arguments to connect as ``user`` (empty when not secured)."""
+        if not self.secured:
+            return {}
+        if mechanism not in SCRAM_MECHANISMS:
+            raise ValueError(f"mechanism must be one of {SCRAM_MECHANISMS}")
+        return {
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": mechanism,
+            "sasl_plain_username": user,
+            "sasl_plain_password": self.scram_users[user],
+        }
+
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self, timeout: float = 90) -> None:
@@ -514,7 +745,7 @@ class LocalKafka:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._write_config(*self._choose_ports())
         if not (self.data_dir / LOG_DIRS_NAME / "meta.properties").exists():
-            _format_storage(libs, self.data_dir, self.config_path)
+            _format_storage(libs, self.data_dir, self.config_path, self.scram_users)
         self._spawn(libs)
         try:
             self._wait_until_ready(time.monotonic() + timeout)
@@ -544,7 +775,54 @@ class LocalKafka:
         """Create topics on the running broker (existing ones are kept as they are)."""
         if not self.running:
             raise RuntimeError("LocalKafka.create_topics() needs a started broker")
-        create_topics(self.bootstrap_servers, specs, timeout)
+        create_topics(self.bootstrap_servers, specs, timeout, self.client_config())
+
+    def grant(
+        self,
+        principal: str,
+        operations: Sequence[str],
+        *,
+        topic: str | None = None,
+        group: str | None = None,
+        prefixed: bool = False,
+        timeout: float = 30,
+    ) -> None:
+        """Allow ``principal`` (``"alice"`` or ``"User:alice"``) ``operations`` on one topic
+        or one consumer group, and return once the broker enforces it.
+
+        Operations are Kafka's ACL operations, case-insensitive: read, write, describe,
+        create, delete, alter, describe_configs, alter_configs, all (read and write imply
+        describe). ``"*"`` names every topic or group; ``prefixed`` makes the name a prefix.
+        Secured mode only.
+        """
+        if not self.secured:
+            raise RuntimeError("LocalKafka.grant() needs a broker started with scram_users")
+        if not self.running:
+            raise RuntimeError("LocalKafka.grant() needs a started broker")
+        if (topic is None) == (group is None):
+            raise ValueError("grant() takes exactly one of topic= or group=")
+        resource_type, name = ("topic", topic) if topic is not None else ("group", group)
+        assert name is not None
+        unknown = [op for op in operations if op.lower() not in OPERATIONS]
+        if unknown or not operations:
+            raise ValueError(f"operations must be some of {sorted(OPERATIONS)}, not {unknown}")
+        bindings = [
+            AclBinding(
+                principal if ":" in principal else f"User:{principal}",
+                resource_type,
+                name,
+                operation.lower(),
+                "prefixed" if prefixed else "literal",
+            )
+            for operation in operations
+        ]
+        admin = self.client_config()
+
+        async def bounded() -> None:
+            async with asyncio.timeout(timeout):
+                await create_acls_async(self.bootstrap_servers, admin, bindings)
+
+        run_sync(bounded)
 
     def __enter__(self) -> LocalKafka:
         self.start()
@@ -576,12 +854,22 @@ class LocalKafka:
             self._port = _previous_port(self.data_dir) or free_port()
         while self._controller_port is None or self._controller_port == self._port:
             self._controller_port = free_port()
+        while self.tls and self._tls_port in (None, self._port, self._controller_port):
+            self._tls_port = free_port()
         return self._port, self._controller_port
 
     def _write_config(self, port: int, controller_port: int) -> None:
-        text = render_server_properties(
-            port, controller_port, self.data_dir / LOG_DIRS_NAME, self.extra_config
-        )
+        extra = dict(self.extra_config)
+        if self.secured:
+            tls = make_tls_files(self.data_dir / TLS_DIR_NAME) if self.tls else None
+            secured = secured_server_properties(
+                port, controller_port, self.scram_users[ADMIN_USER], tls, self._tls_port
+            )
+            extra = {**secured, **extra}
+        text = render_server_properties(port, controller_port, self.data_dir / LOG_DIRS_NAME, extra)
+        # Secured mode keeps the admin password in here: readable by its owner only.
+        self.config_path.touch(mode=0o600)
+        self.config_path.chmod(0o600)
         self.config_path.write_text(text)
 
     def _spawn(self, libs: Path) -> None:
@@ -612,7 +900,9 @@ class LocalKafka:
             self._check_alive()
             attempt_timeout = min(15.0, max(1.0, deadline - time.monotonic()))
             try:
-                create_topics(self.bootstrap_servers, self.topics, attempt_timeout)
+                create_topics(
+                    self.bootstrap_servers, self.topics, attempt_timeout, self.client_config()
+                )
                 return
             except (kafka_errors.KafkaError, OSError) as error:
                 # Until the broker has registered with its controller, admin requests fail.

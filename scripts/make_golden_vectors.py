@@ -36,6 +36,132 @@ def as_json(value: Any) -> Any:
     return value
 
 
+def f32(value: float) -> float:
+    """``value`` rounded to float32."""
+    rounded: float = struct.unpack("<f", struct.pack("<f", value))[0]
+    return rounded
+
+
+def int8_row(row: list[float], *, normalized: bool) -> tuple[list[int], float]:
+    """The int8 codes and scale of one row, straight from the spec's formulas (Python's
+    round() rounds half to even, like the spec)."""
+    if normalized:
+        scale, codes = f32(1 / 127), [round(x * 127) for x in row]
+    else:
+        scale = f32(max(abs(x) for x in row) / 127) or f32(1 / 127)
+        codes = [round(x / scale) for x in row]
+    return [max(-127, min(127, q)) for q in codes], scale
+
+
+def sign_bits(row: list[float]) -> bytes:
+    """One row packed: bit 1 where the value is > 0, most significant bit first."""
+    bits = [1 if x > 0 else 0 for x in row] + [0] * (-len(row) % 8)
+    return bytes(int("".join(map(str, bits[i : i + 8])), 2) for i in range(0, len(bits), 8))
+
+
+def encoding_cases() -> list[tuple[str, str, dict[str, Any], str]]:
+    """Requests with an ``encoding`` and results in each non-default encoding."""
+    halves = [0.5, -1.0, 0.25, 1.5, 0.0, -0.125]
+    unit = [[0.6, 0.8, 0.0], [0.0, -1.0, 0.0]]
+    raw = [[3.0, -4.0, 1.0], [0.5, 0.25, -0.125]]
+    signs = [
+        [0.5, -1.0, 0.25, 0.0, -0.1, 0.3, 0.2, -0.4, 0.9, -0.2],
+        [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
+    ]
+
+    def int8_result(name: str, rows: list[list[float]], normalized: bool) -> dict[str, Any]:
+        coded = [int8_row([f32(x) for x in row], normalized=normalized) for row in rows]
+        return {
+            "v": 1,
+            "id": name,
+            "model": "sentence-transformers/all-MiniLM-L6-v2",
+            "dim": 3,
+            "dtype": "int8",
+            "vectors": struct.pack("<6b", *(q for codes, _ in coded for q in codes)),
+            "scales": struct.pack("<2f", *(scale for _, scale in coded)),
+            "tokens": [4, 7],
+        }
+
+    return [
+        (
+            "request-encoding-int8",
+            "request",
+            {"v": 1, "id": "req-5", "inputs": ["hello"], "dimensions": 64, "encoding": "int8"},
+            "64 dimensions, re-normalized, then quantized to int8",
+        ),
+        (
+            "request-encoding-binary",
+            "request",
+            {"v": 1, "id": "req-6", "inputs": ["hello"], "normalize": False, "encoding": "binary"},
+            "",
+        ),
+        (
+            "request-all-fields-encoding",
+            "request",
+            {
+                "v": 1,
+                "id": "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+                "inputs": ["first passage", "second passage"],
+                "model": "sentence-transformers/all-MiniLM-L6-v2",
+                "normalize": False,
+                "truncate": False,
+                "dimensions": 128,
+                "encoding": "float16",
+                "prompt": "passage: ",
+                "deadline_ms": 1767225600000,
+                "reply_to": "embed.results.docs",
+                "reply_partition": 3,
+                "keys": ["doc-1", 2],
+                "meta": {"source": "crawler", "batch": 7},
+            },
+            "every request field, encoding in its canonical place after dimensions",
+        ),
+        (
+            "result-float16",
+            "result",
+            {
+                "v": 1,
+                "id": "req-7",
+                "model": "sentence-transformers/all-MiniLM-L6-v2",
+                "dim": 3,
+                "dtype": "float16",
+                "vectors": struct.pack("<6e", *halves),
+                "tokens": [4, 7],
+            },
+            "2 x 3 float16, little-endian: " + json.dumps(halves),
+        ),
+        (
+            "result-int8-normalized",
+            "result",
+            int8_result("req-8", unit, normalized=True),
+            "normalized rows " + json.dumps(unit) + ": codes rint(x * 127), "
+            "every scale float32(1/127)",
+        ),
+        (
+            "result-int8-unnormalized",
+            "result",
+            int8_result("req-9", raw, normalized=False),
+            "unnormalized rows " + json.dumps(raw) + ": scale float32(max|x| / 127), "
+            "codes rint(x / scale), half to even",
+        ),
+        (
+            "result-binary",
+            "result",
+            {
+                "v": 1,
+                "id": "req-10",
+                "model": "sentence-transformers/all-MiniLM-L6-v2",
+                "dim": 10,
+                "dtype": "binary",
+                "vectors": b"".join(sign_bits(row) for row in signs),
+                "tokens": [4, 7],
+            },
+            "2 x 10 sign bits, 2 bytes per row, most significant bit first, padding 0: "
+            + json.dumps(signs),
+        ),
+    ]
+
+
 def valid_cases() -> list[dict[str, Any]]:
     vectors = [0.5, -1.0, 0.25, 1.5, 0.0, -0.125]
     blob = struct.pack("<6f", *vectors)
@@ -107,6 +233,7 @@ def valid_cases() -> list[dict[str, Any]]:
             },
             "",
         ),
+        *encoding_cases(),
     ]
     return [
         {"name": name, "kind": kind, "hex": pack(body).hex(), "value": as_json(body), "note": note}
@@ -151,6 +278,10 @@ def invalid_cases() -> list[dict[str, Any]]:
         ("reply-partition-negative", pack({**ok, "reply_partition": -1}), bad, None, eid),
         ("keys-length-mismatch", pack({**ok, "keys": ["a", "b"]}), bad, None, eid),
         ("meta-not-map", pack({**ok, "meta": [1]}), bad, None, eid),
+        ("encoding-unknown", pack({**ok, "encoding": "float64"}), bad, None, eid),
+        ("encoding-wrong-case", pack({**ok, "encoding": "INT8"}), bad, None, eid),
+        ("encoding-empty", pack({**ok, "encoding": ""}), bad, None, eid),
+        ("encoding-not-string", pack({**ok, "encoding": 8}), bad, None, eid),
     ]
     return [
         {"name": name, "hex": data.hex(), "code": code, "index": index, "envelope_id": envelope}

@@ -24,6 +24,9 @@ class WorkerProcess:
             "KEMBED_BOOTSTRAP_SERVERS": bootstrap_servers,
             "KEMBED_LOG_FORMAT": "json",
             "HF_HUB_OFFLINE": "1",
+            # Several workers may run side by side: each takes a free port for its HTTP
+            # endpoint unless told otherwise (see http_url).
+            "KEMBED_HTTP_PORT": "0",
         }
         env.update({f"KEMBED_{name.upper()}": str(value) for name, value in settings.items()})
         self._log = log_path.open("ab")
@@ -67,6 +70,12 @@ class WorkerProcess:
                 break
             time.sleep(0.2)
         self.wait_for("partitions.assigned", timeout=0)
+
+    @property
+    def http_url(self) -> str:
+        """Base URL of the worker's HTTP endpoint (waits for it to be listening)."""
+        started = self.wait_for("http.started", timeout=60)
+        return f"http://127.0.0.1:{started['port']}"
 
     def stop(self, timeout: float = 60.0) -> int:
         if self.process.poll() is None:

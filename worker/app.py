@@ -3,23 +3,39 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
 
 import structlog
 
-from worker.encoder import Encoder
+from worker.encoder import Encoder, ModelInfo
 from worker.kafka.publisher import KafkaPublisher, KafkaTransactionalPublisher
+from worker.kafka.security import client_options
 from worker.kafka.source import KafkaSource
+from worker.observability.http import HttpServer
 from worker.observability.logging import configure_logging, redacted
+from worker.observability.metrics import CONTENT_TYPE, Metrics
+from worker.observability.probes import Probes
 from worker.pipeline import Pipeline
+from worker.ports import KafkaAccessError
+from worker.quality import GateThresholds, QualityReport, default_pairs_path, load_pairs, validate
 from worker.settings import WorkerSettings
 from worker.tokenization import TextTokenizer
 
 __all__ = ["load_model", "run_worker"]
 
 log = structlog.get_logger("kembed.worker")
+
+try:
+    VERSION = version("kembed")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    VERSION = "0+unknown"
 
 # Kafka's record overhead on top of the value, for the producer's request-size limit.
 _RECORD_OVERHEAD = 64 * 1024
@@ -41,6 +57,7 @@ def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozen
         pad_id=probe.pad_id,
         threads=settings.torch_threads,
         compile=resolve_compile(settings.torch_compile, resolve_device(settings.device)),
+        quantization=settings.quantization,
     )
     tokenizer = TextTokenizer.from_model_dir(model_dir, encoder.info.max_seq_length)
     names = frozenset({settings.served_name(), settings.model, *aliases_for(settings.model)})
@@ -58,69 +75,71 @@ def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
 
 
 async def run_worker(settings: WorkerSettings) -> None:
+    """Serve until SIGTERM. Raises KafkaAccessError (after logging it) when Kafka rejects
+    the worker's login or its principal lacks a right it needs, and QualityGateFailedError
+    when the quality gate is on and fails."""
     configure_logging(settings.log_level, settings.log_format)
-    log.info("worker.starting", settings=redacted(settings.model_dump()))
-    loop = asyncio.get_running_loop()
-    started = time.monotonic()
-    encode_thread = ThreadPoolExecutor(1, thread_name_prefix="kembed-encoder")
-    encoder, tokenizer, names = await loop.run_in_executor(encode_thread, load_model, settings)
-    loaded = time.monotonic()
-    await loop.run_in_executor(encode_thread, warm_up, encoder, settings)
-    log.info(
-        "model.loaded",
-        model=encoder.info.name,
-        dim=encoder.info.dim,
-        dtype=encoder.info.dtype,
-        device=encoder.info.device,
-        max_seq_length=encoder.info.max_seq_length,
-        pooling=encoder.info.pooling,
-        compiled=encoder.info.compiled,
-        load_s=round(loaded - started, 3),
-        warmup_s=round(time.monotonic() - loaded, 3),
+    log.info("worker.starting", version=VERSION, settings=redacted(settings.model_dump()))
+    metrics = Metrics()
+    probes = Probes(stuck_batch_s=settings.health_stuck_batch_s)
+    info: dict[str, Any] = worker_info(settings, None)
+    metrics.ready.set_function(partial(_ready_value, probes))
+    server = HttpServer(
+        settings.http_host,
+        settings.http_port,
+        {
+            "/health": probes.health_response,
+            "/ready": probes.ready_response,
+            "/metrics": lambda: (200, CONTENT_TYPE, metrics.exposition()),
+            "/info": lambda: (200, "application/json", _json(info)),
+        },
     )
-    publisher = _publisher(settings)
-    source = KafkaSource(
-        settings.bootstrap_servers,
-        [topic for topic in (settings.requests_topic, settings.bulk_topic) if topic],
-        group_id=settings.group_id,
-        client_id=settings.client_id,
-        max_poll_interval_ms=settings.max_poll_interval_ms,
-        session_timeout_ms=settings.session_timeout_ms,
-        heartbeat_interval_ms=settings.heartbeat_interval_ms,
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
-    )
-    pipeline = Pipeline(
-        source=source,
-        publisher=publisher,
-        tokenizer=tokenizer,
-        encoder=encoder,
-        settings=settings,
-        model_names=names,
-        encode_thread=encode_thread,
-    )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _stop, pipeline, sig)
-    await publisher.start()
+    await server.start()
+    log.info("http.started", host=settings.http_host, port=server.port)
+    watcher = asyncio.create_task(probes.watch_loop())
     try:
-        await source.start(pipeline.on_revoked, pipeline.on_assigned)
-        log.info(
-            "worker.started",
-            topic=settings.requests_topic,
-            bulk_topic=settings.bulk_topic,
-            group_id=settings.group_id,
-            delivery=settings.delivery,
-        )
-        try:
-            await pipeline.run()
-        finally:
-            await source.stop()
+        await _serve(settings, metrics, probes, info)
+    except KafkaAccessError as exc:
+        log.error(f"kafka.{exc.kind}_failed", reason=exc.reason)
+        raise
     finally:
-        await publisher.stop()
+        watcher.cancel()
+        await server.stop()
     log.info("worker.stopped")
 
 
-def _publisher(settings: WorkerSettings) -> KafkaPublisher | KafkaTransactionalPublisher:
-    max_request_size = settings.max_result_bytes + _RECORD_OVERHEAD
+def _topic_needs(settings: WorkerSettings) -> dict[str, set[str]]:
+    """What the worker's principal must be allowed to do, per topic."""
+    needs: dict[str, set[str]] = {}
+    for topic in (settings.requests_topic, settings.bulk_topic):
+        if topic:
+            needs.setdefault(topic, set()).add("read")
+    for topic in (settings.results_topic, settings.dlq_topic):
+        needs.setdefault(topic, set()).add("write")
+    return needs
+
+
+async def _serve(
+    settings: WorkerSettings, metrics: Metrics, probes: Probes, info: dict[str, Any]
+) -> None:
+    security = client_options(settings)
+    publisher = _publisher(settings, security)
+    # Kafka first: a wrong password or a missing ACL fails in a second, not after the model
+    # has loaded (and compiled).
+    probes.phase = "connecting"
+    await publisher.start()
+    try:
+        await publisher.check_access(_topic_needs(settings), settings.group_id)
+        await _load_and_run(settings, publisher, security, metrics, probes, info)
+    finally:
+        await publisher.stop()
+
+
+def _publisher(
+    settings: WorkerSettings, security: dict[str, Any]
+) -> KafkaPublisher | KafkaTransactionalPublisher:
+    # Results, and dead letters that copy a request of up to max_request_size.
+    max_request_size = max(settings.max_result_bytes, settings.max_request_bytes) + _RECORD_OVERHEAD
     if settings.delivery == "exactly_once":
         transactional_id = settings.resolved_transactional_id()
         log.info("transactions.enabled", transactional_id=transactional_id)
@@ -132,15 +151,163 @@ def _publisher(settings: WorkerSettings) -> KafkaPublisher | KafkaTransactionalP
             transactional_id=transactional_id,
             transaction_timeout_ms=settings.transaction_timeout_ms,
             warm_topics=[settings.results_topic, settings.dlq_topic],
+            security=security,
         )
     return KafkaPublisher(
         settings.bootstrap_servers,
         client_id=settings.client_id,
         linger_ms=settings.linger_ms,
         max_request_size=max_request_size,
+        security=security,
     )
 
 
-def _stop(pipeline: Pipeline, sig: signal.Signals) -> None:
+async def _load_and_run(
+    settings: WorkerSettings,
+    publisher: KafkaPublisher | KafkaTransactionalPublisher,
+    security: dict[str, Any],
+    metrics: Metrics,
+    probes: Probes,
+    info: dict[str, Any],
+) -> None:
+    loop = asyncio.get_running_loop()
+    probes.phase = "loading"
+    started = time.monotonic()
+    encode_thread = ThreadPoolExecutor(1, thread_name_prefix="kembed-encoder")
+    encoder, tokenizer, names = await loop.run_in_executor(encode_thread, load_model, settings)
+    loaded = time.monotonic()
+    probes.phase = "warming"
+    await loop.run_in_executor(encode_thread, warm_up, encoder, settings)
+    warmed = time.monotonic()
+    metrics.model_load_seconds.set(loaded - started)
+    metrics.warmup_seconds.set(warmed - loaded)
+    info.update(worker_info(settings, encoder.info, names))
+    metrics.info.info({k: str(v) for k, v in info["model"].items()} | {"version": VERSION})
+    log.info(
+        "model.loaded",
+        model=encoder.info.name,
+        dim=encoder.info.dim,
+        dtype=encoder.info.dtype,
+        device=encoder.info.device,
+        max_seq_length=encoder.info.max_seq_length,
+        pooling=encoder.info.pooling,
+        compiled=encoder.info.compiled,
+        quantization=encoder.info.quantization,
+        memory_mib=round(encoder.info.memory_bytes / 2**20, 1),
+        load_s=round(loaded - started, 3),
+        warmup_s=round(warmed - loaded, 3),
+    )
+    if settings.quality_gate:
+        probes.phase = "validating"
+        report = await loop.run_in_executor(None, run_quality_gate, settings)
+        fields = report.as_dict()
+        if not report.passed:
+            log.error("quality_gate.failed", **fields)
+            raise QualityGateFailedError(report.summary())
+        log.info("quality_gate.passed", **fields)
+    probes.phase = "joining"
+    source = KafkaSource(
+        settings.bootstrap_servers,
+        [topic for topic in (settings.requests_topic, settings.bulk_topic) if topic],
+        group_id=settings.group_id,
+        client_id=settings.client_id,
+        max_poll_interval_ms=settings.max_poll_interval_ms,
+        session_timeout_ms=settings.session_timeout_ms,
+        heartbeat_interval_ms=settings.heartbeat_interval_ms,
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        security=security,
+    )
+    pipeline = Pipeline(
+        source=source,
+        publisher=publisher,
+        tokenizer=tokenizer,
+        encoder=encoder,
+        settings=settings,
+        model_names=names,
+        encode_thread=encode_thread,
+        metrics=metrics,
+    )
+    probes.pipeline = pipeline
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _stop, pipeline, probes, sig)
+    await source.start(pipeline.on_revoked, pipeline.on_assigned)
+    probes.phase = "serving"
+    log.info(
+        "worker.started",
+        topic=settings.requests_topic,
+        bulk_topic=settings.bulk_topic,
+        group_id=settings.group_id,
+        delivery=settings.delivery,
+    )
+    try:
+        await pipeline.run()
+    finally:
+        probes.phase = "stopped"
+        await source.stop()
+
+
+class QualityGateFailedError(RuntimeError):
+    """The configured precision failed the quality gate; the worker does not start."""
+
+
+def run_quality_gate(settings: WorkerSettings) -> QualityReport:
+    path = Path(settings.quality_gate_pairs) if settings.quality_gate_pairs else None
+    thresholds = GateThresholds(
+        settings.quality_max_spearman_drop, settings.quality_min_mean_cosine
+    )
+    return validate(settings, load_pairs(path or default_pairs_path()), thresholds)
+
+
+def worker_info(
+    settings: WorkerSettings, model: ModelInfo | None, names: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """What /info reports: built field by field from settings, so no secret can slip in."""
+    return {
+        "version": VERSION,
+        "model": None
+        if model is None
+        else {
+            "name": model.name,
+            "dim": model.dim,
+            "dtype": model.dtype,
+            "device": model.device,
+            "compiled": model.compiled,
+            "quantization": model.quantization,
+            "memory_bytes": model.memory_bytes,
+            "max_seq_length": model.max_seq_length,
+            "pooling": model.pooling,
+        },
+        "served_names": sorted(names),
+        "batching": {
+            "max_batch_tokens": settings.max_batch_tokens,
+            "max_batch_size": settings.max_batch_size,
+            "max_batch_wait_ms": settings.max_batch_wait_ms,
+            "busy_bulk_batch_tokens": settings.busy_bulk_batch_tokens,
+            "bulk_every": settings.bulk_every,
+            "max_inflight_inputs": settings.max_inflight_inputs,
+            "max_client_batch_size": settings.max_client_batch_size,
+        },
+        "topics": {
+            "requests": settings.requests_topic,
+            "bulk": settings.bulk_topic,
+            "results": settings.results_topic,
+            "dlq": settings.dlq_topic,
+        },
+        "group_id": settings.group_id,
+        "client_id": settings.client_id,
+        "delivery": settings.delivery,
+    }
+
+
+def _ready_value(probes: Probes) -> float:
+    return 1.0 if probes.ready()[0] else 0.0
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    return (json.dumps(body) + "\n").encode()
+
+
+def _stop(pipeline: Pipeline, probes: Probes, sig: signal.Signals) -> None:
     log.info("worker.stopping", signal=sig.name)
+    probes.phase = "draining"
     pipeline.stop()

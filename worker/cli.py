@@ -2,6 +2,8 @@
 
     kembed worker [--flag value ...]   run a worker (flags mirror KEMBED_* env vars)
     kembed embed TEXT [TEXT ...]       embed texts through Kafka and print JSON
+    kembed validate [--flag value ...] the quality gate: this precision against fp32
+    kembed status [--json]             the consumer group: members, assignment, lag
 
 Worker flags are generated from :class:`~worker.settings.WorkerSettings`, so a setting, its
 env var and its flag can never drift apart; a flag given on the command line wins over the
@@ -12,19 +14,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
 import types
 import typing
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from worker.settings import WorkerSettings
+from schemas import Encoding
+from worker.settings import (
+    SECURITY_FIELDS,
+    KafkaClientSettings,
+    WorkerSettings,
+    describe_errors,
+)
 
 __all__ = ["main"]
+
+_S = TypeVar("_S", bound=BaseModel)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,25 +64,100 @@ def _parser() -> argparse.ArgumentParser:
     _add_settings_flags(worker)
     worker.set_defaults(handler=_run_worker)
 
+    validate = commands.add_parser(
+        "validate",
+        help="check a precision or quantization against fp32 on reference pairs",
+        description="Embed reference pairs (default: STS-B test, English) with the "
+        "configured model, dtype, quantization and compilation and with fp32, and report "
+        "Spearman x100 against gold for both and the cosine between them. Exit 0 when the "
+        "gate passes, 1 when it fails. Takes the worker's flags and KEMBED_* variables.",
+    )
+    _add_settings_flags(validate)
+    validate.add_argument("--pairs", type=Path, default=None, help="CSV text1,text2,score")
+    validate.add_argument("--limit", type=int, default=None, help="use the first N pairs")
+    validate.add_argument(
+        "--max-spearman-drop", type=float, default=None, help="gate threshold (default 0.5)"
+    )
+    validate.add_argument(
+        "--min-mean-cosine", type=float, default=None, help="gate threshold (default 0.99)"
+    )
+    validate.add_argument("--json", action="store_true", help="print the report as JSON")
+    validate.set_defaults(handler=_run_validate)
+
     embed = commands.add_parser(
-        "embed", help="embed texts through Kafka and print the vectors as JSON"
+        "embed",
+        help="embed texts through Kafka and print the vectors as JSON",
+        description="Embed texts through Kafka and print the vectors as JSON. The Kafka "
+        "connection flags are the worker's, and read the same KEMBED_* environment "
+        "variables (so a password need not be on the command line).",
     )
     embed.add_argument("texts", nargs="+", metavar="TEXT")
-    embed.add_argument(
-        "--bootstrap-servers",
-        default=os.environ.get("KEMBED_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
-        help="Kafka bootstrap servers [env: KEMBED_BOOTSTRAP_SERVERS]",
-    )
+    _add_settings_flags(embed, KafkaClientSettings)
     embed.add_argument("--model", default=None, help="model to ask for (default: the served one)")
     embed.add_argument("--timeout", type=float, default=30.0, help="seconds to wait")
     embed.add_argument("--no-normalize", action="store_true", help="skip L2 normalization")
     embed.add_argument("--dimensions", type=int, default=None, help="keep the first N dims")
+    embed.add_argument(
+        "--encoding",
+        choices=[str(encoding) for encoding in Encoding],
+        default=str(Encoding.FLOAT32),
+        help="output encoding: int8 prints codes and per-vector scales, binary packed bytes",
+    )
     embed.set_defaults(handler=_run_embed)
+
+    status = commands.add_parser(
+        "status",
+        help="show the consumer group: members, partition assignment, lag and backlog",
+        description="Ask the brokers about the workers' consumer group: its members, the "
+        "partitions each holds, and per request partition the committed offset, the end "
+        "offset (high watermark) and the lag. Exit status 0, or 2 when the brokers cannot "
+        "be reached or the group is unknown.",
+    )
+    _add_settings_flags(status, KafkaClientSettings)
+    status.add_argument(
+        "--group",
+        default=os.environ.get("KEMBED_GROUP_ID", _default("group_id")),
+        help="the workers' consumer group [env: KEMBED_GROUP_ID]",
+    )
+    status.add_argument(
+        "--topics",
+        default=",".join(_request_topics()),
+        help="request topics to report, comma separated "
+        "[env: KEMBED_REQUESTS_TOPIC, KEMBED_BULK_TOPIC] (default: %(default)s)",
+    )
+    status.add_argument(
+        "--metrics-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a worker's /metrics URL (repeat for each worker) to add the backlog in tokens "
+        "(kembed_backlog_tokens); without it the backlog is reported in messages only",
+    )
+    status.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for answers (default: 10)"
+    )
+    status.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    status.set_defaults(handler=_run_status)
     return parser
 
 
-def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    for name, field in WorkerSettings.model_fields.items():
+def _default(name: str) -> str:
+    return str(WorkerSettings.model_fields[name].default)
+
+
+def _request_topics() -> list[str]:
+    """The worker's request topics, as its env vars (or their defaults) name them."""
+    topics = [
+        os.environ.get("KEMBED_REQUESTS_TOPIC", _default("requests_topic")),
+        os.environ.get("KEMBED_BULK_TOPIC", _default("bulk_topic")),
+    ]
+    return [t for t in topics if t]
+
+
+def _add_settings_flags(
+    parser: argparse.ArgumentParser, model: type[BaseModel] = WorkerSettings
+) -> None:
+    for name, field in model.model_fields.items():
         env = f"KEMBED_{name.upper()}"
         kind, choices = _flag_type(field.annotation)
         parser.add_argument(
@@ -99,41 +186,97 @@ def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
     return str, None
 
 
-def _run_worker(args: argparse.Namespace) -> int:
+def _settings(model: type[_S], args: argparse.Namespace, command: str) -> _S | None:
+    """Settings from flags over env vars; None (after saying why) when they are invalid."""
     overrides = {
-        name: value
-        for name in WorkerSettings.model_fields
-        if (value := getattr(args, name)) is not None
+        name: value for name in model.model_fields if (value := getattr(args, name)) is not None
     }
     try:
-        settings = WorkerSettings(**overrides)
+        return model(**overrides)
     except ValidationError as exc:
-        print(f"kembed worker: invalid settings:\n{exc}", file=sys.stderr)
-        return 2
+        # Never print pydantic's own text: it repeats the inputs, secrets included.
+        print(f"kembed {command}: invalid settings:\n{describe_errors(exc)}", file=sys.stderr)
+        return None
+
+
+def _local_models_only() -> None:
     # Never reach for a model hub at run time: models come from local files only.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # One tokenizer thread is enough and leaves the cores to the encoder (the Rust
     # tokenizer would otherwise spread each large batch over every core).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from worker.app import run_worker
 
-    asyncio.run(run_worker(settings))
+
+def _run_worker(args: argparse.Namespace) -> int:
+    settings = _settings(WorkerSettings, args, "worker")
+    if settings is None:
+        return 2
+    _local_models_only()
+    from worker.app import QualityGateFailedError, run_worker
+    from worker.ports import KafkaAccessError
+
+    try:
+        asyncio.run(run_worker(settings))
+    except KafkaAccessError:
+        return 1  # run_worker logged why
+    except QualityGateFailedError as exc:
+        print(f"kembed worker: quality gate failed, not starting: {exc}", file=sys.stderr)
+        return 3
     return 0
+
+
+def _run_validate(args: argparse.Namespace) -> int:
+    settings = _settings(WorkerSettings, args, "validate")
+    if settings is None:
+        return 2
+    _local_models_only()
+    from worker.quality import GateThresholds, default_pairs_path, load_pairs, validate
+
+    thresholds = GateThresholds(
+        settings.quality_max_spearman_drop
+        if args.max_spearman_drop is None
+        else args.max_spearman_drop,
+        settings.quality_min_mean_cosine if args.min_mean_cosine is None else args.min_mean_cosine,
+    )
+    path = args.pairs or Path(settings.quality_gate_pairs or default_pairs_path())
+    try:
+        pairs = load_pairs(path, args.limit)
+    except (OSError, ValueError, IndexError) as exc:
+        print(f"kembed validate: cannot read reference pairs {path}: {exc}", file=sys.stderr)
+        return 2
+    report = validate(settings, pairs, thresholds)
+    if args.json:
+        json.dump(report.as_dict(), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(report.summary())
+    return 0 if report.passed else 1
 
 
 def _run_embed(args: argparse.Namespace) -> int:
     from producer_sdk import EmbedClient, KembedError
 
+    kafka = _settings(KafkaClientSettings, args, "embed")
+    if kafka is None:
+        return 2
+    security = {name: getattr(kafka, name) for name in SECURITY_FIELDS}
+
     async def run() -> dict[str, Any]:
-        async with EmbedClient(args.bootstrap_servers) as client:
-            vectors = await client.embed(
+        async with EmbedClient(kafka.bootstrap_servers, **security) as client:
+            result = await client.embed_result(
                 args.texts,
                 timeout=args.timeout,
                 model=args.model,
                 normalize=not args.no_normalize,
                 dimensions=args.dimensions,
+                encoding=args.encoding,
             )
-        return {"dim": int(vectors.shape[1]), "vectors": vectors.tolist()}
+        output: dict[str, Any] = {"dim": result.dim, "vectors": result.vectors.tolist()}
+        if result.encoding != Encoding.FLOAT32:
+            output["encoding"] = str(result.encoding)
+        if result.scales is not None:
+            output["scales"] = result.scales.tolist()
+        return output
 
     try:
         output = asyncio.run(run())
@@ -143,3 +286,71 @@ def _run_embed(args: argparse.Namespace) -> int:
     json.dump(output, sys.stdout)
     sys.stdout.write("\n")
     return 0
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    import logging
+
+    from worker.fleet import (
+        FleetStatus,
+        StatusError,
+        read_backlog_tokens,
+        render_table,
+        to_json,
+    )
+    from worker.kafka.group_status import read_fleet_status
+    from worker.kafka.security import client_options
+
+    kafka = _settings(KafkaClientSettings, args, "status")
+    if kafka is None:
+        return 2
+    topics = [t.strip() for t in args.topics.split(",") if t.strip()]
+
+    async def read() -> FleetStatus:
+        async with asyncio.timeout(args.timeout):
+            return await read_fleet_status(
+                kafka.bootstrap_servers,
+                args.group,
+                topics,
+                request_timeout_ms=max(int(args.timeout * 1000), 1),
+                security=client_options(kafka),
+            )
+
+    # aiokafka logs every failed connection attempt; the outcome is reported once below.
+    aiokafka_log = logging.getLogger("aiokafka")
+    quiet, propagate = logging.NullHandler(), aiokafka_log.propagate
+    aiokafka_log.addHandler(quiet)
+    aiokafka_log.propagate = False
+    try:
+        if not topics:
+            raise StatusError("no topics to report (--topics is empty)")
+        status = asyncio.run(read())
+        if args.metrics_url:
+            status = dataclasses.replace(
+                status,
+                backlog_tokens=read_backlog_tokens(args.metrics_url, args.timeout),
+                metrics_urls=tuple(args.metrics_url),
+            )
+    except StatusError as exc:
+        print(f"kembed status: {exc}", file=sys.stderr)
+        return 2
+    except TimeoutError:
+        print(
+            f"kembed status: no answer from Kafka at {kafka.bootstrap_servers} "
+            f"within {args.timeout:g} s",
+            file=sys.stderr,
+        )
+        return 2
+    finally:
+        aiokafka_log.removeHandler(quiet)
+        aiokafka_log.propagate = propagate
+    if args.json:
+        json.dump(to_json(status), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(render_table(status))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

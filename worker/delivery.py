@@ -45,6 +45,9 @@ log = structlog.get_logger("kembed.worker")
 
 # A transaction is cut at once when this many answers wait, whatever the interval.
 MAX_TRANSACTION_ANSWERS = 1000
+# Tries of one transaction: a refused result becomes a dead letter, a refused dead letter
+# loses the request's bytes; what is refused after that fails the worker.
+_ATTEMPTS = 3
 # A transaction begins no sooner than this after the previous one committed. The broker
 # completes a commit (transaction markers) just after answering it, and a transaction that
 # begins meanwhile is refused with CONCURRENT_TRANSACTIONS, which aiokafka retries after a
@@ -94,9 +97,14 @@ def make_delivery(
     tracker: OffsetTracker,
     settings: WorkerSettings,
     on_fatal: Callable[[BaseException], None],
+    retry_for_s: float = 300.0,
+    on_retry: Callable[[], None] = lambda: None,
+    on_dead_letter: Callable[[str], None] = lambda code: None,
 ) -> Delivery:
     """The strategy ``settings.delivery`` names, over ``publisher`` (which must be a
-    ``TransactionalPublisher`` for exactly_once)."""
+    ``TransactionalPublisher`` for exactly_once). ``on_dead_letter`` is told the code of
+    every dead letter written; ``retry_for_s`` and ``on_retry`` concern at least once's
+    retries of transient publish failures (exactly once retries within a transaction)."""
     if settings.delivery == "exactly_once":
         if not isinstance(publisher, TransactionalPublisher):
             raise TypeError("exactly_once delivery needs a transactional publisher")
@@ -110,6 +118,7 @@ def make_delivery(
             interval_s=settings.transaction_interval_ms / 1000,
             timeout_s=settings.transaction_timeout_ms / 1000,
             on_fatal=on_fatal,
+            on_dead_letter=on_dead_letter,
         )
     if isinstance(publisher, TransactionalPublisher):
         raise TypeError("at_least_once delivery needs a plain publisher")
@@ -121,6 +130,9 @@ def make_delivery(
         dlq_topic=settings.dlq_topic,
         commit_interval_s=settings.commit_interval_ms / 1000,
         on_fatal=on_fatal,
+        retry_for_s=retry_for_s,
+        on_retry=on_retry,
+        on_dead_letter=on_dead_letter,
     )
 
 
@@ -140,9 +152,18 @@ class AtLeastOnce:
         dlq_topic: str,
         commit_interval_s: float,
         on_fatal: Callable[[BaseException], None],
+        retry_for_s: float = 300.0,
+        on_retry: Callable[[], None] = lambda: None,
+        on_dead_letter: Callable[[str], None] = lambda code: None,
     ) -> None:
         self._replier = Replier(
-            publisher, results_topic=results_topic, dlq_topic=dlq_topic, on_fatal=on_fatal
+            publisher,
+            results_topic=results_topic,
+            dlq_topic=dlq_topic,
+            on_fatal=on_fatal,
+            retry_for_s=retry_for_s,
+            on_retry=on_retry,
+            on_dead_letter=on_dead_letter,
         )
         self._source = source
         self._tracker = tracker
@@ -207,6 +228,8 @@ class _Message:
     key: bytes | None
     partition: int | None
     headers: Sequence[tuple[str, bytes]]
+    code: str | None = None  # a dead letter's error code; None for a result
+    reason: str = ""  # a dead letter's reason
 
 
 @dataclass(eq=False, slots=True)
@@ -248,6 +271,7 @@ class ExactlyOnce:
         interval_s: float,
         timeout_s: float,
         on_fatal: Callable[[BaseException], None],
+        on_dead_letter: Callable[[str], None] = lambda code: None,
         max_answers: int = MAX_TRANSACTION_ANSWERS,
         settle_s: float = SETTLE_S,
     ) -> None:
@@ -260,6 +284,7 @@ class ExactlyOnce:
         self._interval = interval_s
         self._timeout = timeout_s
         self._on_fatal = on_fatal
+        self._on_dead_letter = on_dead_letter
         self._max_answers = max_answers
         self._settle = settle_s
         self._ended = 0.0  # time.monotonic() when the last transaction ended
@@ -314,13 +339,15 @@ class ExactlyOnce:
             return False
         return await self._wait(record, self._letter(record, code, message))
 
-    def _letter(self, record: Record, code: str, message: str) -> _Message:
+    def _letter(self, record: Record, code: str, message: str, *, value: bool = True) -> _Message:
         return _Message(
             self._dlq_topic,
-            record.value or b"",
+            (record.value or b"") if value else b"",
             record.key,
             None,
             dead_letter_headers(record, code, message),
+            code,
+            message,
         )
 
     async def _wait(self, record: Record, message: _Message) -> bool:
@@ -393,18 +420,21 @@ class ExactlyOnce:
             self._committed.update(offsets)
             self.transactions += 1
             for answer in live:
+                if answer.message.code is not None:
+                    self._on_dead_letter(answer.message.code)
                 if not answer.done.done():
                     answer.done.set_result(True)
 
     async def _commit_answers(self, live: list[_Answer]) -> dict[TopicPartition, int]:
         """Write ``live`` in one transaction; the offsets committed with them.
 
-        Any failure aborts the transaction. If the broker refused some results or error
-        results (a reply topic that exists but refuses them: too large for its
-        max.message.bytes, not authorized), those become dead letters and the transaction
-        is tried once more, as at least once dead-letters them; any other failure fails
-        the worker (raises TransactionError)."""
-        for retry in (True, False):
+        Any failure aborts the transaction. What the broker refused for good is then
+        handled as at least once handles it, and the transaction tried again: a result or
+        error result that its reply topic refuses (too large for its max.message.bytes,
+        not authorized) becomes a dead letter (reply_failed), and a dead letter the
+        dead-letter topic refuses (the request too large for it) is written without the
+        request's bytes. Any other failure fails the worker (raises TransactionError)."""
+        for attempt in range(_ATTEMPTS):
             sends: list[Awaitable[object]] = []
             try:
                 async with asyncio.timeout(self._timeout):
@@ -414,33 +444,41 @@ class ExactlyOnce:
             aborted = await self._try_abort()
             refused = _refused(sends)
             _discard(sends)
-            if not (
-                retry
-                and aborted
-                and refused
-                and all(live[i].message.topic != self._dlq_topic for i in refused)
-            ):
+            fixes = {i: self._instead(live[i], reason) for i, reason in refused.items()}
+            if attempt + 1 == _ATTEMPTS or not aborted or not refused or None in fixes.values():
                 self._fail(error, live)
                 raise TransactionError(f"transaction failed: {type(error).__name__}") from error
             log.warning(
                 "transaction.aborted",
                 error=type(error).__name__,
                 phase=self._phase,
-                dead_lettered=len(refused),
+                refused=len(refused),
             )
-            for i, reason in refused.items():
-                record, message = live[i].record, live[i].message
-                log.warning(
-                    "publish.failed",
-                    request_id=dict(message.headers).get(CORRELATION_ID, b"").decode(),
-                    reply_to=message.topic,
-                    reason=reason,
-                    topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
-                )
-                live[i].message = self._letter(record, "reply_failed", reason)
+            for i, message in fixes.items():
+                assert message is not None
+                live[i].message = message
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _instead(self, answer: _Answer, reason: str) -> _Message | None:
+        """What to send instead of ``answer``'s message, which the broker refused for
+        ``reason``; None if nothing can be."""
+        record, message = answer.record, answer.message
+        where = {"topic": record.topic, "partition": record.partition, "offset": record.offset}
+        if message.code is None:
+            request_id = dict(message.headers).get(CORRELATION_ID, b"").decode()
+            log.warning(
+                "publish.failed",
+                request_id=request_id,
+                reply_to=message.topic,
+                reason=reason,
+                **where,
+            )
+            return self._letter(record, "reply_failed", reason)
+        if message.value:
+            log.warning("dead_letter.value_omitted", reason=reason, **where)
+            omitted = f"{message.reason} (value of {len(message.value)} bytes omitted: {reason})"
+            return self._letter(record, message.code, omitted, value=False)
+        return None
 
     async def _write(
         self, live: list[_Answer], sends: list[Awaitable[object]]

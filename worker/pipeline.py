@@ -23,6 +23,7 @@ import time
 from collections.abc import Coroutine, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler
 from worker.decode import Accepted, Limits, Rejected, decode_record
 from worker.delivery import make_delivery
 from worker.encoder import Encoder, Prepared
+from worker.observability.metrics import Metrics
 from worker.offsets import OffsetTracker
 from worker.ports import Publisher, Record, Source, TopicPartition, TransactionalPublisher
 from worker.publish import encode_error, encode_vectors
@@ -50,6 +52,7 @@ log = structlog.get_logger("kembed.worker")
 _INLINE_TOKENIZE_CHARS = 4096
 # Bulk texts tokenized per step (about 10-30 ms of one core).
 _BULK_TOKENIZE_TEXTS = 512
+_EXPIRED_QUEUED = "deadline passed while queued, before computation"
 
 
 @dataclass(eq=False, slots=True)
@@ -70,6 +73,7 @@ class _Batch:
     lane: str
     items: list[Item[Job]]
     prepared: Prepared
+    started: float = 0.0
 
 
 class Pipeline:
@@ -83,8 +87,10 @@ class Pipeline:
         settings: WorkerSettings,
         model_names: frozenset[str],
         encode_thread: ThreadPoolExecutor | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._source = source
+        self._metrics = metrics or Metrics()
         self._tokenizer = tokenizer
         self._encoder = encoder
         self._settings = settings
@@ -110,6 +116,9 @@ class Pipeline:
             tracker=self._tracker,
             settings=settings,
             on_fatal=self._fail_worker,
+            retry_for_s=settings.publish_retry_s,
+            on_retry=self._metrics.publish_retries.inc,
+            on_dead_letter=lambda code: self._metrics.dlq_messages.labels(code).inc(),
         )
         # One thread runs every batch: the encoder is not thread-safe, and torch's thread
         # settings (and a compiled model's specializations) belong to that thread.
@@ -122,7 +131,33 @@ class Pipeline:
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight = {INTERACTIVE: 0, BULK: 0}  # inputs accepted and not answered
+        self._inflight_tokens = {INTERACTIVE: 0, BULK: 0}  # their tokens, once tokenized
+        self._tokens_per_request = {INTERACTIVE: 0.0, BULK: 0.0}  # moving average
         self._paused: set[str] = set()
+        self._running_since: float | None = None
+        self._lags: dict[TopicPartition, int] = {}
+        for lane in (INTERACTIVE, BULK):
+            m = self._metrics
+            m.inflight_inputs.labels(lane).set_function(partial(self._inflight.__getitem__, lane))
+            m.inflight_tokens.labels(lane).set_function(
+                partial(self._inflight_tokens.__getitem__, lane)
+            )
+            m.paused_partitions.labels(lane).set_function(partial(self._paused_count, lane))
+            m.backlog_tokens.labels(lane).set_function(partial(self._backlog_tokens, lane))
+
+    # ------------------------------------------------------------------ probes
+
+    def assigned_partitions(self) -> set[TopicPartition]:
+        return self._source.assignment()
+
+    def encoder_busy_seconds(self) -> float | None:
+        started = self._running_since
+        return None if started is None else time.monotonic() - started
+
+    def failure(self) -> BaseException | None:
+        if self._failure.done() and not self._failure.cancelled():
+            return self._failure.exception()
+        return None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -136,6 +171,7 @@ class Pipeline:
             asyncio.create_task(self._fetch_loop(), name="fetch"),
             asyncio.create_task(self._batch_loop(), name="batch"),
             asyncio.create_task(self._delivery.run(), name="commit"),
+            asyncio.create_task(self._lag_loop(), name="lag"),
         ]
         stopping = asyncio.create_task(self._stopping.wait())
         try:
@@ -264,6 +300,7 @@ class Pipeline:
                 self._reject(record, _rejection(request, error), reserved=len(pieces))
                 return
         count = len(pieces)
+        self._inflight_tokens[lane] += sum(len(piece.ids) for piece in pieces)
         job = Job(
             record=record,
             request=request,
@@ -287,6 +324,9 @@ class Pipeline:
             self._source.resume(self._lane_partitions(lane))
             log.info("partitions.resumed", lane=lane, in_flight_inputs=self._inflight[lane])
 
+    def _paused_count(self, lane: str) -> int:
+        return len(self._lane_partitions(lane)) if lane in self._paused else 0
+
     def _lane_partitions(self, lane: str) -> set[TopicPartition]:
         return {tp for tp in self._source.assignment() if self._lane(tp[0]) == lane}
 
@@ -302,8 +342,8 @@ class Pipeline:
                 self._scheduler.put_back(prepared.lane, prepared.items)
                 prepared = None
             elif prepared and self._refillable(prepared):
-                items = self._scheduler.refill(prepared.lane, prepared.items)
-                prepared = _Batch(prepared.lane, items, self._prepare(items))
+                items = self._live(self._scheduler.refill(prepared.lane, prepared.items))
+                prepared = _Batch(prepared.lane, items, self._prepare(items)) if items else None
             if prepared is None:
                 prepared = self._cut(now)
             if running is None and prepared is not None:
@@ -324,9 +364,52 @@ class Pipeline:
                     running, prepared = self._start(prepared), None
                 self._finish(*finished)
 
-    def _start(self, batch: _Batch) -> tuple[_Batch, asyncio.Future[npt.NDArray[np.float32]]]:
+    def _start(
+        self, batch: _Batch
+    ) -> tuple[_Batch, asyncio.Future[npt.NDArray[np.float32]]] | None:
+        """Run ``batch`` on the encoder thread, without the inputs that expired meanwhile."""
+        live = self._live(batch.items)
+        if not live:
+            return None
+        if len(live) < len(batch.items):
+            batch = _Batch(batch.lane, live, self._prepare(live))
+        batch.started = self._running_since = time.monotonic()
+        self._observe_batch(batch)
         loop = asyncio.get_running_loop()
         return batch, loop.run_in_executor(self._encode_thread, self._encoder.run, batch.prepared)
+
+    def _observe_batch(self, batch: _Batch) -> None:
+        m, lane = self._metrics, batch.lane
+        padded = batch.prepared.padded_tokens
+        real = sum(len(item.ids) for item in batch.items)
+        m.batch_size.labels(lane).observe(len(batch.items))
+        m.batch_padded_tokens.labels(lane).observe(padded)
+        m.batch_padding_ratio.labels(lane).observe(1 - real / padded if padded else 0.0)
+        queue = m.queue_seconds.labels(lane)
+        for item in batch.items:
+            queue.observe(batch.started - item.enqueued)
+
+    def _live(self, items: list[Item[Job]]) -> list[Item[Job]]:
+        """``items`` without inputs of requests already answered or past their deadline; the
+        latter are answered now with deadline_exceeded. Neither reaches the encoder."""
+        now_ms = int(time.time() * 1000)
+        live = []
+        for item in items:
+            job = item.job
+            deadline = job.request.deadline_ms
+            if not job.settled and deadline is not None and deadline <= now_ms:
+                record = job.record
+                log.info(
+                    "request.deadline_exceeded",
+                    request_id=job.request.id,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                )
+                self._settle(job, ErrorInfo(ErrorCode.DEADLINE_EXCEEDED, _EXPIRED_QUEUED))
+            if not job.settled:
+                live.append(item)
+        return live
 
     def _refillable(self, batch: _Batch) -> bool:
         """A prepared batch less than half full is cut again when new inputs of its lane
@@ -340,22 +423,32 @@ class Pipeline:
         )
 
     def _cut(self, now: float) -> _Batch | None:
-        chosen = self._scheduler.next_batch(now, self._max_wait)
-        if chosen is None:
-            return None
-        lane, items = chosen
-        return _Batch(lane, items, self._prepare(items))
+        while (chosen := self._scheduler.next_batch(now, self._max_wait)) is not None:
+            lane, items = chosen
+            items = self._live(items)
+            if items:
+                return _Batch(lane, items, self._prepare(items))
+        return None
 
     def _prepare(self, items: list[Item[Job]]) -> Prepared:
         return self._encoder.prepare([item.ids for item in items])
 
     def _finish(self, batch: _Batch, future: asyncio.Future[npt.NDArray[np.float32]]) -> None:
+        if self._running_since == batch.started:
+            self._running_since = None
+        self._metrics.inference_seconds.labels(batch.lane).observe(time.monotonic() - batch.started)
         error = future.exception()
         if error is not None:
             log.error("batch.failed", inputs=len(batch.items), error=type(error).__name__)
             for job in {item.job for item in batch.items}:
                 self._settle(job, ErrorInfo(ErrorCode.INTERNAL, "inference failed"))
             return
+        log.debug(
+            "batch.encoded",
+            lane=batch.lane,
+            inputs=len(batch.items),
+            padded_tokens=batch.prepared.padded_tokens,
+        )
         for item, row in zip(batch.items, future.result(), strict=True):
             job = item.job
             job.vectors[item.index] = row
@@ -376,7 +469,14 @@ class Pipeline:
         else:
             value = encode_error(request.id, error, request.keys, request.meta)
         reply = ReplyTo(request.id, request.reply_to, request.reply_partition)
-        self._spawn(self._answer(job.record, reply, value, job.lane, len(job.tokens)))
+        outcome = "ok" if error is None else str(error.code)
+        tokens = sum(job.tokens)
+        self._inflight_tokens[job.lane] -= tokens
+        average = self._tokens_per_request[job.lane]
+        self._tokens_per_request[job.lane] = tokens if not average else 0.9 * average + 0.1 * tokens
+        self._spawn(
+            self._answer(job.record, reply, value, job.lane, len(job.tokens), outcome, tokens)
+        )
 
     # ------------------------------------------------------------------ publish
 
@@ -393,13 +493,38 @@ class Pipeline:
         )
         value = encode_error(rejected.request_id, rejected.error, rejected.keys, rejected.meta)
         reply = ReplyTo(rejected.request_id, rejected.reply_to, rejected.reply_partition)
-        self._spawn(self._answer(record, reply, value, self._lane(record.topic), reserved))
+        outcome = str(rejected.error.code)
+        lane = self._lane(record.topic)
+        self._spawn(self._answer(record, reply, value, lane, reserved, outcome, 0))
 
     async def _answer(
-        self, record: Record, reply: ReplyTo, value: bytes, lane: str, inputs: int
+        self,
+        record: Record,
+        reply: ReplyTo,
+        value: bytes,
+        lane: str,
+        inputs: int,
+        outcome: str,
+        tokens: int,
     ) -> None:
         if await self._delivery.answer(record, reply, value):
+            log.debug(
+                "request.answered",
+                request_id=reply.id,
+                inputs=inputs,
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+            )
             self._answered(record, lane, inputs)
+            m = self._metrics
+            m.requests.labels(self._model, outcome).inc()
+            m.inputs.labels(self._model, outcome).inc(inputs)
+            m.tokens.labels(self._model, outcome).inc(tokens)
+            if record.timestamp_ms is not None and record.timestamp_ms > 0:
+                m.latency_seconds.labels(lane).observe(
+                    max(0.0, time.time() - record.timestamp_ms / 1000)
+                )
 
     async def _dead_letter(self, record: Record, code: str, message: str) -> None:
         if await self._delivery.dead_letter(record, code, message):
@@ -419,6 +544,28 @@ class Pipeline:
         self._tasks.discard(task)
         if not task.cancelled() and (error := task.exception()) is not None:
             self._fail_worker(error)
+
+    # ------------------------------------------------------------------ lag
+
+    async def _lag_loop(self, every: float = 1.0) -> None:
+        """Refresh the lag and backlog gauges from the consumer's fetch positions."""
+        shown: set[TopicPartition] = set()
+        while True:
+            lags = self._source.lag()
+            for tp in shown - lags.keys():
+                with contextlib.suppress(KeyError):
+                    self._metrics.consumer_lag.remove(tp[0], str(tp[1]))
+            for (topic, partition), lag in lags.items():
+                self._metrics.consumer_lag.labels(topic, str(partition)).set(lag)
+            shown = set(lags)
+            self._lags = lags
+            await asyncio.sleep(every)
+
+    def _backlog_tokens(self, lane: str) -> float:
+        """Tokens waiting for this worker in ``lane``: unfetched requests (lag, as of the last
+        refresh) at the average tokens per request seen, plus the tokens in flight now."""
+        waiting = sum(lag for tp, lag in self._lags.items() if self._lane(tp[0]) == lane)
+        return waiting * self._tokens_per_request[lane] + self._inflight_tokens[lane]
 
 
 def _rejection(request: EmbedRequest, error: ErrorInfo) -> Rejected:

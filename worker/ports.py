@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 __all__ = [
+    "KafkaAccessError",
     "PublishError",
     "Publisher",
     "Record",
@@ -44,6 +45,18 @@ class PublishError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retriable = retriable
+
+
+class KafkaAccessError(Exception):
+    """Kafka refused the worker: ``kind`` is "authentication" (login or TLS handshake
+    rejected), "authorization" (the principal lacks an ACL) or "tls" (the TLS files cannot
+    be loaded). Retrying will not help, so the worker stops; ``reason`` says what to fix
+    and never holds a secret."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"{kind} failed: {reason}")
+        self.kind = kind
+        self.reason = reason
 
 
 class Publisher(Protocol):
@@ -105,6 +118,10 @@ class Source(Protocol):
     def pause(self, partitions: set[TopicPartition]) -> None: ...
 
     def resume(self, partitions: set[TopicPartition]) -> None: ...
+
+    def lag(self) -> dict[TopicPartition, int]:
+        """Per assigned partition whose positions are known: messages not yet fetched."""
+        ...
 
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Commit the given next-offsets-to-read (Kafka's convention)."""

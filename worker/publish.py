@@ -1,8 +1,9 @@
 """Publish stage, pure part: finished vectors and errors become result messages.
 
 Per-request post-processing happens here, after pooling, so requests with different
-options share batches: Matryoshka ``dimensions`` (truncate, then re-normalize) and L2
-``normalize``.
+options share batches, in this order: Matryoshka ``dimensions`` (truncate), L2
+``normalize``, then the output ``encoding`` (float32, float16, int8 or binary; byte layouts
+in ``schemas/README.md``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,16 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from schemas import EmbedRequest, EmbedResult, ErrorCode, ErrorInfo, ErrorResult, encode_result
+from schemas import (
+    EmbedRequest,
+    EmbedResult,
+    Encoding,
+    ErrorCode,
+    ErrorInfo,
+    ErrorResult,
+    encode_result,
+)
+from schemas.encodings import INT8_NORMALIZED_SCALE
 from schemas.headers import (
     CORRELATION_ID,
     DLQ_ERROR_CODE,
@@ -21,7 +31,17 @@ from schemas.headers import (
 )
 from worker.ports import Record
 
-__all__ = ["dead_letter_headers", "encode_error", "encode_vectors", "finish", "result_headers"]
+__all__ = [
+    "dead_letter_headers",
+    "encode_error",
+    "encode_rows",
+    "encode_vectors",
+    "finish",
+    "quantize_int8",
+    "result_headers",
+]
+
+INT8_MAX = 127
 
 
 def finish(
@@ -34,6 +54,48 @@ def finish(
     return np.ascontiguousarray(vectors, dtype="<f4")
 
 
+def encode_rows(
+    vectors: npt.NDArray[np.float32], encoding: Encoding, *, normalized: bool
+) -> tuple[bytes, bytes | None]:
+    """The ``vectors`` blob of ``vectors`` (finished rows) in ``encoding``, and the int8
+    ``scales`` blob (None for the other encodings)."""
+    match encoding:
+        case Encoding.FLOAT32:
+            return np.ascontiguousarray(vectors, dtype="<f4").tobytes(), None
+        case Encoding.FLOAT16:
+            with np.errstate(over="ignore"):  # beyond +-65504 is +-inf, as IEEE says
+                return np.ascontiguousarray(vectors, dtype="<f2").tobytes(), None
+        case Encoding.INT8:
+            codes, scales = quantize_int8(vectors, normalized=normalized)
+            return codes.tobytes(), scales.astype("<f4").tobytes()
+        case Encoding.BINARY:
+            return np.packbits(vectors > 0, axis=1, bitorder="big").tobytes(), None
+
+
+def quantize_int8(
+    vectors: npt.NDArray[np.float32], *, normalized: bool
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
+    """Codes ``q`` in [-127, 127] and one float32 scale per row, value ~= ``q * scale``.
+
+    Normalized rows share the fixed scale 1/127 (``q = rint(x * 127)``), so int8 dot
+    products compare across vectors; other rows use their own largest magnitude
+    (``scale = max|x| / 127``, ``q = rint(x / scale)``). Products and quotients are taken in
+    float64; ``rint`` rounds half to even.
+    """
+    values = vectors.astype(np.float64)
+    rows = values.shape[0]
+    if normalized:
+        scales = np.full(rows, INT8_NORMALIZED_SCALE, dtype=np.float32)
+        scaled = values * INT8_MAX
+    else:
+        scales = (np.max(np.abs(values), axis=1) / INT8_MAX).astype(np.float32)
+        # An all-zero row (or one so small that its scale underflows) codes as zeros.
+        scales[~(scales > 0)] = np.float32(INT8_NORMALIZED_SCALE)
+        scaled = values / scales.astype(np.float64)[:, None]
+    codes = np.clip(np.rint(scaled), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return codes, scales
+
+
 def encode_vectors(
     request: EmbedRequest,
     raw: npt.NDArray[np.float32],
@@ -43,14 +105,17 @@ def encode_vectors(
 ) -> bytes:
     """The result message; a ``result_too_large`` error if it would exceed ``max_bytes``."""
     vectors = finish(raw, normalize=request.normalize, dimensions=request.dimensions)
+    blob, scales = encode_rows(vectors, request.encoding, normalized=request.normalize)
     result = EmbedResult(
         id=request.id,
         model=model,
         dim=int(vectors.shape[1]),
-        vectors=vectors.tobytes(),
+        vectors=blob,
         tokens=tuple(tokens),
+        dtype=request.encoding,
         keys=request.keys,
         meta=request.meta,
+        scales=scales,
     )
     encoded = encode_result(result)
     if len(encoded) <= max_bytes:
@@ -58,7 +123,7 @@ def encode_vectors(
     error = ErrorInfo(
         ErrorCode.RESULT_TOO_LARGE,
         f"result of {len(encoded)} bytes exceeds max_result_bytes {max_bytes}; "
-        "send fewer inputs per request or ask for fewer dimensions",
+        "send fewer inputs per request, ask for fewer dimensions or a smaller encoding",
     )
     return encode_error(request.id, error, request.keys, request.meta)
 

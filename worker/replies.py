@@ -2,13 +2,22 @@
 
 Every record the worker takes ends here exactly once: answered (a result or an error result
 acknowledged by the broker), or dead-lettered; both return True, and the caller lets the
-offset tracker move on. A dead letter that cannot be written returns False and is reported
-to ``on_fatal``: nothing is committed past that record, so a restarted worker retries it.
+offset tracker move on.
+
+Transient failures (the broker restarting, a leader moving, a request timing out) are
+retried with backoff for up to ``retry_for_s``; the record meanwhile stays uncommitted. A
+reply topic that cannot be written for good (missing, not authorized, result too large)
+sends the request to the dead-letter topic with the reason. When even that fails, or the
+retries run out, ``on_fatal`` stops the worker and False is returned: nothing is committed
+past that record, so a restarted worker (or the one that takes over its partitions) answers
+it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -36,8 +45,14 @@ class Replier:
         results_topic: str,
         dlq_topic: str,
         on_fatal: Callable[[BaseException], None],
+        retry_for_s: float = 300.0,
+        on_retry: Callable[[], None] = lambda: None,
+        on_dead_letter: Callable[[str], None] = lambda code: None,
     ) -> None:
         self._publisher = publisher
+        self._retry_for_s = retry_for_s
+        self._on_retry = on_retry
+        self._on_dead_letter = on_dead_letter
         self._results_topic = results_topic
         self._dlq_topic = dlq_topic
         self._on_fatal = on_fatal
@@ -46,7 +61,7 @@ class Replier:
         """Publish ``value`` to the request's reply topic; dead-letter it if that fails."""
         topic = reply.reply_to or self._results_topic
         try:
-            await self._publisher.send(
+            await self._send(
                 topic,
                 value,
                 key=reply.id.encode("utf-8"),
@@ -54,6 +69,10 @@ class Replier:
                 headers=result_headers(reply.id),
             )
         except PublishError as exc:
+            if exc.retriable:  # retries ran out: the broker is gone, so is the DLQ
+                log.error("publish.gave_up", request_id=reply.id, reply_to=topic, reason=exc.reason)
+                self._on_fatal(exc)
+                return False
             log.warning(
                 "publish.failed",
                 request_id=reply.id,
@@ -69,12 +88,33 @@ class Replier:
     async def dead_letter(self, record: Record, code: str, message: str) -> bool:
         """Copy ``record`` to the dead-letter topic with headers saying where from and why."""
         try:
-            await self._publisher.send(
-                self._dlq_topic,
-                record.value or b"",
-                key=record.key,
-                headers=dead_letter_headers(record, code, message),
-            )
+            try:
+                await self._send(
+                    self._dlq_topic,
+                    record.value or b"",
+                    key=record.key,
+                    headers=dead_letter_headers(record, code, message),
+                )
+            except PublishError as exc:
+                if exc.retriable or not record.value:
+                    raise
+                # The DLQ refuses the original bytes for good (too large for the topic):
+                # record where it was and why, without them, rather than stall the
+                # partition on a message that can never be copied.
+                log.warning(
+                    "dead_letter.value_omitted",
+                    reason=exc.reason,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                )
+                omitted = f"{message} (value of {len(record.value)} bytes omitted: {exc.reason})"
+                await self._send(
+                    self._dlq_topic,
+                    b"",
+                    key=record.key,
+                    headers=dead_letter_headers(record, code, omitted),
+                )
         except PublishError as exc:
             log.error(
                 "dead_letter.failed",
@@ -85,4 +125,31 @@ class Replier:
             )
             self._on_fatal(exc)
             return False
+        self._on_dead_letter(code)
         return True
+
+    async def _send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None,
+        partition: int | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        """Send, retrying transient failures with exponential backoff (50 ms to 2 s)."""
+        give_up = time.monotonic() + self._retry_for_s
+        delay = 0.05
+        while True:
+            try:
+                await self._publisher.send(
+                    topic, value, key=key, partition=partition, headers=headers
+                )
+                return
+            except PublishError as exc:
+                if not exc.retriable or time.monotonic() + delay > give_up:
+                    raise
+                log.warning("publish.retrying", topic=topic, reason=exc.reason, delay_s=delay)
+                self._on_retry()
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 2.0)

@@ -11,8 +11,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 
 @asynccontextmanager
-async def producer(bootstrap: str) -> AsyncIterator[Any]:
-    client = AIOKafkaProducer(bootstrap_servers=bootstrap)
+async def producer(bootstrap: str, **config: Any) -> AsyncIterator[Any]:
+    client = AIOKafkaProducer(bootstrap_servers=bootstrap, **config)
     await client.start()
     try:
         yield client
@@ -47,3 +47,32 @@ async def collect(
         return records
     finally:
         await consumer.stop()
+
+
+async def read_all(bootstrap: str, topic: str, **config: Any) -> list[Any]:
+    """Every record of every partition of ``topic``, up to the end offsets at the time of the
+    call (``config``: consumer options, e.g. isolation_level)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **config)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(await _partitions(consumer, topic))]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        records: list[Any] = []
+        while True:
+            positions = [await consumer.position(tp) for tp in partitions]
+            if all(pos >= ends[tp] for pos, tp in zip(positions, partitions, strict=True)):
+                return records
+            batch = await consumer.getmany(*partitions, timeout_ms=500)
+            records.extend(r for rs in batch.values() for r in rs)
+    finally:
+        await consumer.stop()
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    partitions: set[int] | None = consumer.partitions_for_topic(topic)
+    while not partitions:
+        await consumer._client.force_metadata_update()
+        partitions = consumer.partitions_for_topic(topic)
+    return partitions

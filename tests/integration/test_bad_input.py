@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -12,6 +14,7 @@ from schemas import EmbedResult, ErrorResult, decode_result
 from schemas.headers import (
     CORRELATION_ID,
     DLQ_ERROR_CODE,
+    DLQ_ERROR_MESSAGE,
     DLQ_OFFSET,
     DLQ_PARTITION,
     DLQ_TOPIC,
@@ -105,4 +108,107 @@ async def test_bad_messages_are_answered_or_dead_lettered(
         assert letter_headers[DLQ_TOPIC] == b"embed.requests"
         assert letter_headers[DLQ_ERROR_CODE] == b"invalid_request"
         assert letter.value == dead[name]
+    assert worker.process.poll() is None, "the worker must keep running"
+
+
+def _invalid_utf8_request(request_id: str) -> bytes:
+    """A request whose second input is not valid UTF-8 (msgpack str with bytes 0xff 0xfe)."""
+    valid = _request(request_id, inputs=["fine", "ab"])
+    assert valid.count(b"\xa2ab") == 1
+    return valid.replace(b"\xa2ab", b"\xa2\xff\xfe")
+
+
+async def test_every_documented_bad_input_gets_its_error_code(
+    kafka: LocalKafka, worker: WorkerProcess
+) -> None:
+    """Each kind of bad request in schemas/README.md is answered with its stable code (and
+    the failing input's index where there is one), the worker keeps serving, and the valid
+    request sent last is answered. A reply topic that cannot be written sends the request
+    to the DLQ with reason reply_failed."""
+    kafka.create_topics([TopicSpec(REPLIES, 1)])
+    tag = uuid.uuid4().hex[:8]
+    now_ms = int(time.time() * 1000)
+    oversized_id = f"{tag}-oversized"
+    cases: dict[str, tuple[Callable[[str], bytes], str, int | None]] = {
+        "empty-string": (lambda i: _request(i, inputs=["ok", ""]), "invalid_request", 1),
+        "inputs-not-a-list": (lambda i: _request(i, inputs="one text"), "invalid_request", None),
+        "truncate-not-bool": (lambda i: _request(i, truncate="yes"), "invalid_request", None),
+        "invalid-utf8": (_invalid_utf8_request, "invalid_request", 1),
+        "too-long": (
+            lambda i: _request(i, inputs=["short", "word " * 600], truncate=False),
+            "input_too_long",
+            1,
+        ),
+        "too-many": (lambda i: _request(i, inputs=["t"] * 513), "too_many_inputs", None),
+        "unknown-model": (lambda i: _request(i, model="no/such-model"), "unknown_model", None),
+        "unsupported-version": (lambda i: _request(i, v=9), "unsupported_version", None),
+        "deadline-passed": (
+            lambda i: _request(i, deadline_ms=now_ms - 1000),
+            "deadline_exceeded",
+            None,
+        ),
+        "dimensions-zero": (lambda i: _request(i, dimensions=0), "invalid_request", None),
+        "dimensions-too-big": (lambda i: _request(i, dimensions=385), "invalid_request", None),
+    }
+    bodies = {
+        f"{tag}-{name}": (build(f"{tag}-{name}"), code, index)
+        for name, (build, code, index) in cases.items()
+    }
+    unwritable_id = f"{tag}-unwritable"
+    unwritable = _request(unwritable_id, reply_to="no.such.reply.topic")
+    valid_id = f"{tag}-valid"
+    # Over max_request_bytes (4 MiB): only the headers can say whom to answer.
+    oversized = _request(oversized_id, inputs=["x" * (5 * 1024 * 1024)])
+
+    async with producer(kafka.bootstrap_servers, max_request_size=9 * 1024 * 1024) as client:
+        for value, _, _ in bodies.values():
+            await client.send_and_wait("embed.requests", value, partition=1)
+        await client.send_and_wait(
+            "embed.requests",
+            oversized,
+            headers=routing_headers(oversized_id, REPLIES),
+            partition=1,
+        )
+        sent = await client.send_and_wait("embed.requests", unwritable, partition=1)
+        await client.send_and_wait("embed.requests", _request(valid_id), partition=1)
+
+    expected = {*bodies, oversized_id, valid_id}
+    replies = await collect(
+        kafka.bootstrap_servers,
+        REPLIES,
+        lambda records: (
+            expected <= {dict(r.headers).get(CORRELATION_ID, b"").decode() for r in records}
+        ),
+    )
+    results = {r.id: r for r in (decode_result(record.value) for record in replies)}
+    for request_id, (_, code, index) in bodies.items():
+        result = results.get(request_id)
+        assert isinstance(result, ErrorResult), (request_id, result)
+        assert (result.error.code, result.error.index) == (code, index), (request_id, result)
+        assert result.error.message
+    too_large = results[oversized_id]
+    assert isinstance(too_large, ErrorResult)
+    assert too_large.error.code == "message_too_large"
+    assert isinstance(results[valid_id], EmbedResult)
+
+    dlq = await collect(
+        kafka.bootstrap_servers,
+        "embed.requests.dlq",
+        lambda records: any(
+            dict(r.headers).get(DLQ_OFFSET) == b"%d" % sent.offset
+            and dict(r.headers).get(DLQ_PARTITION) == b"1"
+            for r in records
+        ),
+    )
+    letters = [
+        r
+        for r in dlq
+        if dict(r.headers).get(DLQ_OFFSET) == b"%d" % sent.offset
+        and dict(r.headers).get(DLQ_PARTITION) == b"1"
+    ]
+    assert len(letters) == 1, "the unanswerable request is dead-lettered once"
+    headers = dict(letters[0].headers)
+    assert headers[DLQ_ERROR_CODE] == b"reply_failed"
+    assert b"no.such.reply.topic" in headers[DLQ_ERROR_MESSAGE]
+    assert letters[0].value == unwritable
     assert worker.process.poll() is None, "the worker must keep running"

@@ -113,7 +113,7 @@ def test_loadtest_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
     full runs; a quick run is a smoke test of the benchmark itself)."""
     out = tmp_path / "report"
     done = subprocess.run(
-        [sys.executable, "-m", "loadtest", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "loadtest", "--quick", "--torch-compile", "off", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -127,4 +127,29 @@ def test_loadtest_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
     assert report["inprocess"]["st_default"]["texts_per_s"] > 0
     assert all(row["n"] > 0 for row in report["e2e"]["interactive"]["alone"])
     for name in ("report.md", "latency_vs_load.png", "throughput_vs_max_batch_tokens.png"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_soak_short_run_answers_everything_and_reports_memory(tmp_path: Path) -> None:
+    """`python -m loadtest.soak` (here 15 s instead of 10 min) answers every interactive and
+    bulk request without error and writes its report and RSS plot."""
+    out = tmp_path / "soak"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "loadtest.soak", "--minutes", "0.25", "--warmup-s", "10"),
+            *("--sample-s", "1", "--out", str(out)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    report = json.loads((out / "soak.json").read_text())
+    for lane in ("interactive", "bulk"):
+        assert report[lane]["sent"] > 0
+        assert report[lane]["ok"] == report[lane]["sent"], report[lane]
+        assert report[lane]["errors"] == {}
+    assert report["rss"]["baseline_bytes"] > 100 * 1024 * 1024
+    for name in ("soak.md", "rss.png"):
         assert (out / name).stat().st_size > 0

@@ -39,7 +39,7 @@ async def test_error_results_raise_embed_error_with_the_wire_code(
     texts = call.pop("texts")
     async with EmbedClient(kafka.bootstrap_servers) as client:
         with pytest.raises(EmbedError) as caught:
-            await client.embed(texts, timeout=60, **call)  # type: ignore[arg-type]
+            await client.embed(texts, timeout=60, **call)  # type: ignore[call-overload]
         assert caught.value.code == code
         assert caught.value.index == index
         assert caught.value.message

@@ -1,4 +1,4 @@
-"""Unit tests for schemas.codec and the float32 helpers of schemas.v1."""
+"""Unit tests for schemas.codec, the float32 helpers of schemas.v1 and schemas.encodings."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from array import array
 from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from schemas import (
     EmbedRequest,
     EmbedResult,
+    Encoding,
     Envelope,
     ErrorCode,
     ErrorInfo,
@@ -25,6 +27,7 @@ from schemas import (
     encode_result,
 )
 from schemas.codec import is_valid_topic
+from schemas.encodings import INT8_NORMALIZED_SCALE, row_bytes, unpack_rows, unpack_scales
 from schemas.v1 import MAX_ID_BYTES, pack_float32, unpack_float32
 
 # ---------------------------------------------------------------------------- strategies
@@ -67,6 +70,7 @@ def requests(draw: st.DrawFn) -> EmbedRequest:
         normalize=draw(st.booleans()),
         truncate=draw(st.booleans()),
         dimensions=draw(st.none() | st.integers(min_value=1, max_value=4096)),
+        encoding=draw(st.sampled_from(Encoding)),
         prompt=draw(st.none() | st.text(max_size=20)),
         deadline_ms=draw(optional_ints),
         reply_to=draw(st.none() | topics),
@@ -78,9 +82,13 @@ def requests(draw: st.DrawFn) -> EmbedRequest:
 
 @st.composite
 def embed_results(draw: st.DrawFn) -> EmbedResult:
-    dim = draw(st.integers(min_value=1, max_value=8))
+    dim = draw(st.integers(min_value=1, max_value=20))
     tokens = tuple(draw(st.lists(st.integers(min_value=0, max_value=10_000), max_size=4)))
-    size = len(tokens) * dim * 4
+    encoding = draw(st.sampled_from(Encoding))
+    size = len(tokens) * row_bytes(encoding, dim)
+    scales = None
+    if encoding == Encoding.INT8:
+        scales = draw(st.binary(min_size=4 * len(tokens), max_size=4 * len(tokens)))
     keys = draw(st.none() | st.lists(keys_of, max_size=4))
     return EmbedResult(
         id=draw(ids),
@@ -88,8 +96,10 @@ def embed_results(draw: st.DrawFn) -> EmbedResult:
         dim=dim,
         vectors=draw(st.binary(min_size=size, max_size=size)),
         tokens=tokens,
+        dtype=encoding,
         keys=None if keys is None else tuple(keys),
         meta=draw(st.none() | metas),
+        scales=scales,
     )
 
 
@@ -183,6 +193,7 @@ def test_full_request_key_order_is_canonical() -> None:
         normalize=False,
         truncate=False,
         dimensions=8,
+        encoding=Encoding.BINARY,
         prompt="query: ",
         deadline_ms=0,
         reply_to="t",
@@ -198,6 +209,7 @@ def test_full_request_key_order_is_canonical() -> None:
         "normalize",
         "truncate",
         "dimensions",
+        "encoding",
         "prompt",
         "deadline_ms",
         "reply_to",
@@ -254,6 +266,7 @@ def test_explicit_nil_is_treated_as_absent_in_requests() -> None:
         "normalize",
         "truncate",
         "dimensions",
+        "encoding",
         "prompt",
         "deadline_ms",
         "reply_to",
@@ -352,6 +365,11 @@ INVALID_CASES: list[tuple[str, dict[str, Any], ErrorCode, int | None, Envelope]]
     ("dimensions negative", {"dimensions": -3}, INVALID, None, FULL_ENVELOPE),
     ("dimensions bool", {"dimensions": True}, INVALID, None, FULL_ENVELOPE),
     ("dimensions float", {"dimensions": 8.0}, INVALID, None, FULL_ENVELOPE),
+    ("encoding unknown", {"encoding": "float64"}, INVALID, None, FULL_ENVELOPE),
+    ("encoding wrong case", {"encoding": "Int8"}, INVALID, None, FULL_ENVELOPE),
+    ("encoding empty", {"encoding": ""}, INVALID, None, FULL_ENVELOPE),
+    ("encoding int", {"encoding": 8}, INVALID, None, FULL_ENVELOPE),
+    ("encoding bytes", {"encoding": b"int8"}, INVALID, None, FULL_ENVELOPE),
     ("prompt int", {"prompt": 5}, INVALID, None, FULL_ENVELOPE),
     ("deadline negative", {"deadline_ms": -1}, INVALID, None, FULL_ENVELOPE),
     ("deadline float", {"deadline_ms": 1.5}, INVALID, None, FULL_ENVELOPE),
@@ -482,6 +500,7 @@ REQUEST_KEYS = [
     "normalize",
     "truncate",
     "dimensions",
+    "encoding",
     "prompt",
     "deadline_ms",
     "reply_to",
@@ -510,6 +529,7 @@ field_values = st.one_of(
     ),
     topics,
     st.integers(min_value=-2, max_value=3),
+    st.sampled_from([*Encoding, "float64", "INT8", ""]),
 )
 request_like = st.one_of(
     any_values,
@@ -612,7 +632,19 @@ def test_decode_result_accepts_matching_vectors_length() -> None:
 @pytest.mark.parametrize(
     "changes",
     [
-        pytest.param({"dtype": "float16"}, id="unknown dtype"),
+        pytest.param({"dtype": "float64"}, id="unknown dtype"),
+        pytest.param({"dtype": "INT8", "vectors": b"\x00" * 4}, id="dtype wrong case"),
+        pytest.param({"dtype": "int8", "vectors": b"\x00" * 4}, id="int8 without scales"),
+        pytest.param(
+            {"dtype": "int8", "vectors": b"\x00" * 4, "scales": b"\x00" * 4},
+            id="int8 scales one row short",
+        ),
+        pytest.param(
+            {"dtype": "int8", "vectors": b"\x00" * 4, "scales": [1.0, 1.0]},
+            id="int8 scales not binary",
+        ),
+        pytest.param({"scales": b"\x00" * 8}, id="scales with float32"),
+        pytest.param({"dtype": "binary", "vectors": b"\x00" * 4}, id="binary unpadded length"),
         pytest.param({"dim": 0}, id="zero dim"),
         pytest.param({"vectors": [0, 0]}, id="vectors not binary"),
         pytest.param({"tokens": ["1", "2"]}, id="tokens not ints"),
@@ -636,11 +668,23 @@ def test_decode_result_newer_version() -> None:
     assert info.value.code == ErrorCode.UNSUPPORTED_VERSION
 
 
-RESULT_KEYS = ["v", "id", "model", "dim", "dtype", "vectors", "tokens", "keys", "meta", "error"]
+RESULT_KEYS = [
+    "v",
+    "id",
+    "model",
+    "dim",
+    "dtype",
+    "vectors",
+    "scales",
+    "tokens",
+    "keys",
+    "meta",
+    "error",
+]
 result_field_values = st.one_of(
     any_values,
     st.just(1),
-    st.just("float32"),
+    st.sampled_from([*Encoding, "float64"]),
     st.binary(max_size=16),
     st.lists(st.integers(min_value=0, max_value=3), max_size=3),
     st.dictionaries(
@@ -706,3 +750,121 @@ def test_int_keyed_meta_does_not_lose_the_envelope(meta: dict[Any, Any]) -> None
         assert outcome.envelope == FULL_ENVELOPE, outcome
     else:
         assert outcome.id == "req-1"
+
+
+# ---------------------------------------------------------------------------- encodings
+
+
+def test_encoding_defaults_to_float32_and_is_left_out() -> None:
+    """No 'encoding' means float32, an explicit float32 decodes the same, and the canonical
+    form never writes the default (so old requests and old clients are unaffected)."""
+    minimal = {"v": 1, "id": "r", "inputs": ["a"]}
+    assert decode_request(pack(minimal)).encoding == Encoding.FLOAT32
+    explicit = decode_request(pack({**minimal, "encoding": "float32"}))
+    assert explicit == EmbedRequest(id="r", inputs=("a",))
+    assert encode_request(explicit) == pack(minimal)
+
+
+@pytest.mark.parametrize("encoding", list(Encoding))
+def test_each_encoding_decodes_and_encodes_by_name(encoding: Encoding) -> None:
+    """Every documented encoding name is accepted and written back as the same plain string."""
+    body = {"v": 1, "id": "r", "inputs": ["a"], "encoding": encoding.value}
+    request = decode_request(pack(body))
+    assert request.encoding is encoding
+    written = unpack(encode_request(request))
+    assert written.get("encoding", "float32") == encoding.value
+    assert type(written.get("encoding", "")) is str
+
+
+def test_unknown_encoding_is_invalid_request_naming_the_choices() -> None:
+    """An unknown encoding is invalid_request; the message lists the valid names and the
+    envelope survives so the error can be answered."""
+    with pytest.raises(SchemaError) as info:
+        decode_request(pack({**BASE, "encoding": "int4"}))
+    assert info.value.code == ErrorCode.INVALID_REQUEST
+    assert "'encoding' must be one of float32, float16, int8, binary" in info.value.message
+    assert info.value.envelope == FULL_ENVELOPE
+
+
+@pytest.mark.parametrize(
+    ("encoding", "dim", "size"),
+    [
+        (Encoding.FLOAT32, 3, 12),
+        (Encoding.FLOAT16, 3, 6),
+        (Encoding.INT8, 3, 3),
+        (Encoding.BINARY, 1, 1),
+        (Encoding.BINARY, 8, 1),
+        (Encoding.BINARY, 9, 2),
+        (Encoding.BINARY, 384, 48),
+    ],
+)
+def test_row_bytes(encoding: Encoding, dim: int, size: int) -> None:
+    """Bytes per vector: 4, 2 and 1 per value, ceil(dim / 8) for binary."""
+    assert row_bytes(encoding, dim) == size
+
+
+@pytest.mark.parametrize("encoding", list(Encoding))
+@pytest.mark.parametrize("dim", [1, 7, 8, 10])
+def test_decode_result_checks_vectors_length_per_encoding(encoding: Encoding, dim: int) -> None:
+    """A result's blob must hold exactly count x row_bytes(dtype, dim) bytes; a byte more or
+    less is rejected."""
+    size = 2 * row_bytes(encoding, dim)
+    extra = {"scales": b"\x00" * 8} if encoding == Encoding.INT8 else {}
+    body = _result_body(dtype=encoding.value, dim=dim, **extra)
+    decoded = decode_result(pack({**body, "vectors": b"\x01" * size}))
+    assert isinstance(decoded, EmbedResult)
+    assert decoded.dtype is encoding
+    for wrong in (size - 1, size + 1):
+        with pytest.raises(SchemaError, match="vectors"):
+            decode_result(pack({**body, "vectors": b"\x01" * wrong}))
+
+
+def test_int8_result_keeps_its_scales_in_canonical_place() -> None:
+    """An int8 result writes 'scales' right after 'vectors'; other results never write it."""
+    result = EmbedResult(
+        id="r",
+        model="m",
+        dim=2,
+        vectors=b"\x01\xff",
+        tokens=(3,),
+        dtype=Encoding.INT8,
+        scales=struct.pack("<f", 0.5),
+    )
+    body = unpack(encode_result(result))
+    assert list(body) == ["v", "id", "model", "dim", "dtype", "vectors", "scales", "tokens"]
+    assert decode_result(encode_result(result)) == result
+    assert unpack_rows(result) == [[1, -1]]
+    assert unpack_scales(result) == [0.5]
+
+
+def test_int8_normalized_scale_is_float32_of_one_over_127() -> None:
+    """INT8_NORMALIZED_SCALE is 1/127 rounded to float32."""
+    assert struct.pack("<f", INT8_NORMALIZED_SCALE) == struct.pack("<f", 1 / 127)
+    assert abs(INT8_NORMALIZED_SCALE - 1 / 127) < 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(embed_results())
+def test_unpack_rows_reads_every_encoding(result: EmbedResult) -> None:
+    """The pure-Python reader gives count rows of dim values, matching an independent
+    numpy reading of the same bytes (equal floats, int8 codes, unpacked sign bits)."""
+    rows = unpack_rows(result)
+    assert len(rows) == result.count
+    assert all(len(row) == result.dim for row in rows)
+    wire = {"float32": "<f4", "float16": "<f2", "int8": "i1", "binary": "u1"}[result.dtype]
+    if result.dtype == Encoding.BINARY:
+        width = row_bytes(Encoding.BINARY, result.dim)
+        packed = np.frombuffer(result.vectors, "u1").reshape(result.count, width)
+        expected = np.unpackbits(packed, axis=1, count=result.dim).tolist()
+        assert rows == expected
+    else:
+        with np.errstate(invalid="ignore"):  # random bytes hold signaling NaNs
+            expected_values = np.frombuffer(result.vectors, wire).astype(np.float64)
+        read = np.array(rows, dtype=np.float64).reshape(expected_values.shape)
+        np.testing.assert_array_equal(read, expected_values)  # NaN equals NaN here
+    scales = unpack_scales(result)
+    if result.dtype == Encoding.INT8:
+        assert scales is not None
+        assert np.array(scales, dtype="<f4").tobytes() == result.scales
+    else:
+        assert scales is None

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from schemas.headers import CORRELATION_ID, DLQ_ERROR_CODE
+from schemas.headers import CORRELATION_ID, DLQ_ERROR_CODE, DLQ_ERROR_MESSAGE
 from worker.delivery import AtLeastOnce, ExactlyOnce, TransactionError, make_delivery
 from worker.offsets import OffsetTracker
 from worker.ports import PublishError, Record, TopicPartition
@@ -29,6 +29,7 @@ class FakeTransactions:
         self.topics = dict(topics or {"embed.results": 2, "embed.requests.dlq": 1, "r": 1})
         self.events: list[tuple[Any, ...]] = []
         self.fail_send_to: str | None = None
+        self.max_value_bytes: int | None = None  # larger messages are refused
         self.fail_commit = False
         self.hang_commit = False
         self.open = False
@@ -59,7 +60,8 @@ class FakeTransactions:
         assert self.open, "a message outside a transaction"
         self.events.append(("send", topic, value, dict(headers)))
         delivered: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        if topic == self.fail_send_to:
+        too_large = self.max_value_bytes is not None and len(value) > self.max_value_bytes
+        if topic == self.fail_send_to or too_large:
             delivered.set_exception(RuntimeError("the broker refused the message"))
         else:
             delivered.set_result(None)
@@ -121,6 +123,9 @@ class FakeSource:
             raise RuntimeError("rebalance in progress")
         self.commits.append(dict(offsets))
 
+    def lag(self) -> dict[TopicPartition, int]:
+        return {}
+
     def in_group(self) -> bool:
         return self.member
 
@@ -138,6 +143,7 @@ class Harness:
         self.source = FakeSource()
         self.tracker = OffsetTracker()
         self.fatal: list[BaseException] = []
+        self.dead_letters: list[str] = []
         self.delivery = ExactlyOnce(
             self.producer,
             self.source,
@@ -148,6 +154,7 @@ class Harness:
             interval_s=interval_s,
             timeout_s=timeout_s,
             on_fatal=self.fatal.append,
+            on_dead_letter=self.dead_letters.append,
             max_answers=max_answers,
             settle_s=settle_s,
         )
@@ -352,6 +359,27 @@ async def test_a_refused_result_is_dead_lettered_in_a_second_attempt() -> None:
     assert [topic for topic, _ in sends] == ["embed.requests.dlq", "embed.results"]
     assert sends[0][1][DLQ_ERROR_CODE] == b"reply_failed"
     assert ("offsets", {TP: 2}, "g") in transaction
+    assert h.fatal == []
+    assert h.dead_letters == ["reply_failed"], "dead letters are counted once committed"
+
+
+async def test_a_dead_letter_too_large_for_its_topic_goes_without_the_request() -> None:
+    """A dead letter the dead-letter topic refuses (the request is too large for it) is
+    committed without the request's bytes, its reason saying so, as at least once does."""
+    h = Harness()
+    h.producer.max_value_bytes = 50
+    record = Record(TP[0], TP[1], 0, b"x" * 100)
+    h.delivery.track(record)
+    letter = asyncio.create_task(h.delivery.dead_letter(record, "invalid_request", "bad"))
+    await settle()
+    await h.delivery.commit()
+    assert await letter
+    [transaction] = h.producer.transactions()
+    [(_, topic, value, headers)] = [e for e in transaction if e[0] == "send"]
+    assert (topic, value) == ("embed.requests.dlq", b"")
+    assert headers[DLQ_ERROR_CODE] == b"invalid_request"
+    assert b"value of 100 bytes omitted" in headers[DLQ_ERROR_MESSAGE]
+    assert h.dead_letters == ["invalid_request"]
     assert h.fatal == []
 
 

@@ -9,7 +9,14 @@ from typing import Any
 import msgpack
 import pytest
 
-from schemas import SchemaError, decode_request, decode_result, encode_request, encode_result
+from schemas import (
+    Encoding,
+    SchemaError,
+    decode_request,
+    decode_result,
+    encode_request,
+    encode_result,
+)
 
 VECTORS = Path(__file__).resolve().parents[2] / "schemas" / "vectors" / "v1"
 VALID = json.loads((VECTORS / "valid.json").read_text(encoding="utf-8"))
@@ -47,10 +54,22 @@ def test_invalid_vector_raises_the_documented_code(case: dict[str, Any]) -> None
     assert caught.value.envelope.id == case["envelope_id"]
 
 
+REQUEST_FIELDS = [
+    "v", "id", "inputs", "model", "normalize", "truncate", "dimensions", "encoding", "prompt",
+    "deadline_ms", "reply_to", "reply_partition", "keys", "meta",
+]  # fmt: skip
+
+
 def test_golden_vectors_cover_every_request_field() -> None:
-    """The all-fields request exercises every field the spec defines."""
-    full = next(c for c in VALID if c["name"] == "request-all-fields")
-    assert set(full["value"]) == {
-        "v", "id", "inputs", "model", "normalize", "truncate", "dimensions", "prompt",
-        "deadline_ms", "reply_to", "reply_partition", "keys", "meta",
-    }  # fmt: skip
+    """An all-fields request exercises every field the spec defines, in canonical order."""
+    full = next(c for c in VALID if c["name"] == "request-all-fields-encoding")
+    assert list(full["value"]) == REQUEST_FIELDS
+
+
+def test_golden_vectors_cover_every_encoding() -> None:
+    """Every encoding is asked for by a request vector and carried by a result vector."""
+    every = {str(encoding) for encoding in Encoding}
+    asked = {c["value"].get("encoding", "float32") for c in VALID if c["kind"] == "request"}
+    carried = {c["value"]["dtype"] for c in VALID if "dtype" in c["value"]}
+    assert asked == every
+    assert carried == every

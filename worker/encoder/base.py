@@ -23,6 +23,8 @@ class ModelInfo:
     dtype: str
     device: str
     compiled: bool = False
+    quantization: str = "none"
+    memory_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from transformers.utils import logging as hf_logging
 
 from worker.encoder.base import ModelInfo, Prepared
 from worker.encoder.pooling import pool, read_pooling_mode
+from worker.encoder.quantize import memory_bytes, quantize_linear_layers
 
 __all__ = ["TorchEncoder", "resolve_compile", "resolve_device", "resolve_dtype"]
 
@@ -92,6 +93,7 @@ class TorchEncoder:
         pad_id: int = 0,
         threads: int | None = None,
         compile: bool = False,
+        quantization: str = "none",
     ) -> None:
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # not a log line
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # no load reports
@@ -100,6 +102,12 @@ class TorchEncoder:
         self._device = resolve_device(device)
         self._dtype = resolve_dtype(dtype, self._device)
         model = _load(model_dir, self._dtype)
+        if quantization != "none":
+            quantize_linear_layers(model, quantization, compute_dtype=self._dtype)
+            if compile:
+                # bitsandbytes' kernels are opaque to inductor: nothing to fuse or prepack.
+                log.info("encoder.compile_skipped", reason=f"quantization={quantization}")
+                compile = False
         self._model = model.to(self._device).eval()
         config: Any = getattr(self._model, "config")  # noqa: B009 (untyped HF attribute)
         positions = int(getattr(config, "max_position_embeddings", 512))
@@ -118,6 +126,8 @@ class TorchEncoder:
             dtype=str(self._dtype).removeprefix("torch."),
             device=str(self._device),
             compiled=compile,
+            quantization=quantization,
+            memory_bytes=memory_bytes(self._model),
         )
 
     def prepare(self, batch: Sequence[Sequence[int]]) -> Prepared:

@@ -10,13 +10,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTP
-from aiokafka.errors import KafkaError, NotEnoughReplicasError
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    NotEnoughReplicasError,
+    TransactionalIdAuthorizationFailed,
+)
 
-from worker.ports import PublishError, TopicPartition
+from worker.kafka.security import check_access, diagnose_login, principal_of
+from worker.ports import KafkaAccessError, PublishError, TopicPartition
 
 __all__ = ["KafkaPublisher", "KafkaTransactionalPublisher"]
 
@@ -46,14 +54,54 @@ class _ExpectedRetries(logging.Filter):
 _EXPECTED_RETRIES = _ExpectedRetries()
 
 
-class KafkaPublisher:
+class _Producer:
+    """What both publishers share: an aiokafka producer with the worker's security options,
+    a start that explains a rejected login, and the access check."""
+
     def __init__(
-        self, bootstrap_servers: str, *, client_id: str, linger_ms: int, max_request_size: int
+        self, bootstrap_servers: str, security: Mapping[str, Any] | None, **options: Any
     ) -> None:
+        """``security``: aiokafka security options (``worker.kafka.security.client_options``)."""
+        self._bootstrap_servers = bootstrap_servers
+        self._security = dict(security or {})
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap_servers,
+            bootstrap_servers=bootstrap_servers, **self._security, acks="all", **options
+        )
+
+    async def start(self) -> None:
+        """Connect; raise KafkaAccessError if Kafka rejects the login."""
+        try:
+            await self._producer.start()
+        except KafkaConnectionError:
+            await self._producer.stop()
+            await diagnose_login(self._bootstrap_servers, self._security)
+            raise
+
+    async def check_access(
+        self, needs: Mapping[str, Iterable[str]], group_id: str | None = None
+    ) -> None:
+        """Raise KafkaAccessError if the principal lacks any of ``needs`` (topic -> ops) or
+        may not use the consumer group ``group_id``."""
+        await check_access(self._producer.client, needs, self._security, group_id)
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+
+class KafkaPublisher(_Producer):
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        client_id: str,
+        linger_ms: int,
+        max_request_size: int,
+        security: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            bootstrap_servers,
+            security,
             client_id=client_id,
-            acks="all",
             # Not idempotent: delivery is at least once by design (clients drop duplicate
             # results by id), and aiokafka 0.14's idempotent producer was seen to stall
             # concurrent first sends to a new partition for request_timeout_ms.
@@ -61,12 +109,6 @@ class KafkaPublisher:
             linger_ms=linger_ms,
             max_request_size=max_request_size,
         )
-
-    async def start(self) -> None:
-        await self._producer.start()
-
-    async def stop(self) -> None:
-        await self._producer.stop()
 
     async def send(
         self,
@@ -84,12 +126,13 @@ class KafkaPublisher:
             )
             await future
         except KafkaError as exc:
-            raise PublishError(
-                f"{type(exc).__name__}: {exc}", retriable=bool(getattr(exc, "retriable", False))
-            ) from exc
+            # A batch that timed out waiting for a broker (restarting, unreachable) is as
+            # transient as the retriable errors, though aiokafka does not mark it so.
+            retriable = bool(getattr(exc, "retriable", False)) or isinstance(exc, KafkaTimeoutError)
+            raise PublishError(f"{type(exc).__name__}: {exc}", retriable=retriable) from exc
 
 
-class KafkaTransactionalPublisher:
+class KafkaTransactionalPublisher(_Producer):
     """A transactional (hence idempotent) producer.
 
     ``warm_topics`` (the results and dead-letter topics) have their metadata fetched at
@@ -108,25 +151,37 @@ class KafkaTransactionalPublisher:
         transactional_id: str,
         transaction_timeout_ms: int,
         warm_topics: Sequence[str] = (),
+        security: Mapping[str, Any] | None = None,
     ) -> None:
-        self._warm_topics = list(warm_topics)
-        self._stop_timeout = transaction_timeout_ms / 1000
-        logging.getLogger("aiokafka.producer.sender").addFilter(_EXPECTED_RETRIES)
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap_servers,
+        super().__init__(
+            bootstrap_servers,
+            security,
             client_id=client_id,
-            acks="all",
             transactional_id=transactional_id,
             transaction_timeout_ms=transaction_timeout_ms,
             linger_ms=linger_ms,
             max_request_size=max_request_size,
             retry_backoff_ms=_TXN_RETRY_BACKOFF_MS,
         )
+        self._transactional_id = transactional_id
+        self._warm_topics = list(warm_topics)
+        self._stop_timeout = transaction_timeout_ms / 1000
+        logging.getLogger("aiokafka.producer.sender").addFilter(_EXPECTED_RETRIES)
 
     async def start(self) -> None:
         """Start, fencing any earlier producer with the same transactional id (its open
-        transaction is aborted), and fetch the metadata of ``warm_topics``."""
-        await self._producer.start()
+        transaction is aborted), and fetch the metadata of ``warm_topics``. Raises
+        KafkaAccessError if the principal may not use the transactional id."""
+        try:
+            await super().start()
+        except TransactionalIdAuthorizationFailed:
+            await self._producer.stop()
+            raise KafkaAccessError(
+                "authorization",
+                f"{principal_of(self._security)} is not authorized for WRITE on transactional "
+                f"id {self._transactional_id!r} (exactly_once delivery): it needs an ACL "
+                "allowing it",
+            ) from None
         for topic in self._warm_topics:
             # A missing topic is not fatal here: answers bound for it are dead-lettered (or,
             # for the dead-letter topic itself, fail the worker) as at least once does.

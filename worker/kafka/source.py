@@ -8,11 +8,14 @@ pipeline, which finishes (or gives up on) that partition's work before it moves.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
+from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 
-from worker.ports import Record, TopicPartition
+from worker.kafka.security import principal_of
+from worker.ports import KafkaAccessError, Record, TopicPartition
 
 __all__ = ["KafkaSource"]
 
@@ -45,10 +48,15 @@ class KafkaSource:
         session_timeout_ms: int,
         heartbeat_interval_ms: int,
         fetch_max_wait_ms: int,
+        security: Mapping[str, Any] | None = None,
     ) -> None:
+        """``security``: aiokafka security options (``worker.kafka.security.client_options``)."""
         self._topics = topics
+        self._group_id = group_id
+        self._security = dict(security or {})
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap_servers,
+            **self._security,
             group_id=group_id,
             client_id=client_id,
             enable_auto_commit=False,
@@ -68,7 +76,14 @@ class KafkaSource:
         await self._consumer.stop()
 
     async def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
-        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        """Records fetched; KafkaAccessError if the principal may not read them (ACLs can
+        change while the worker runs) or may not use the consumer group."""
+        try:
+            batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        except TopicAuthorizationFailedError as exc:
+            raise self._denied(f"READ on topic {_name(exc)}") from None
+        except GroupAuthorizationFailedError:
+            raise self._denied(f"READ on consumer group {self._group_id!r}") from None
         return [
             Record(
                 topic=r.topic,
@@ -92,6 +107,27 @@ class KafkaSource:
     def resume(self, partitions: set[TopicPartition]) -> None:
         self._consumer.resume(*(KafkaTP(t, p) for t, p in partitions))
 
+    def lag(self) -> dict[TopicPartition, int]:
+        lags = {}
+        for tp in self._consumer.assignment():
+            highwater = self._consumer.highwater(tp)
+            position = self._position(tp)
+            if highwater is not None and position is not None:
+                lags[(tp.topic, tp.partition)] = max(0, highwater - position)
+        return lags
+
+    def _position(self, tp: KafkaTP) -> int | None:
+        # aiokafka's public position() is a coroutine that may reset the offset; the fetch
+        # position it keeps is all a lag gauge needs, and is read without side effects.
+        try:
+            state = self._consumer._subscription.subscription.assignment.state_value(tp)
+            if state is None or not state.has_valid_position:
+                return None
+            position: int = state.position
+        except (AttributeError, AssertionError):
+            return None
+        return position
+
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         await self._consumer.commit({KafkaTP(t, p): o for (t, p), o in offsets.items()})
 
@@ -101,3 +137,18 @@ class KafkaSource:
         # generation to -1 before the rebalance listener sees the partitions go.
         coordinator = getattr(self._consumer, "_coordinator", None)
         return coordinator is None or getattr(coordinator, "generation", 0) != _NO_GENERATION
+
+    def _denied(self, what: str) -> KafkaAccessError:
+        return KafkaAccessError(
+            "authorization",
+            f"{principal_of(self._security)} is not authorized for {what}: it needs an ACL "
+            "allowing it",
+        )
+
+
+def _name(error: TopicAuthorizationFailedError) -> str:
+    """The topic(s) an aiokafka authorization error names."""
+    names: list[str] = []
+    for arg in error.args:
+        names.extend(sorted(map(str, arg)) if isinstance(arg, set | frozenset) else [str(arg)])
+    return ", ".join(repr(name) for name in names) or "(unnamed)"

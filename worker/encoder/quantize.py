@@ -1,0 +1,73 @@
+"""Weight quantization with bitsandbytes: LLM.int8 (``int8``) and 4-bit NormalFloat (``nf4``).
+
+Every ``nn.Linear`` of the transformer is replaced by its bitsandbytes counterpart holding
+the same weights; the embeddings and layer norms stay in the model's dtype. The weights are
+quantized when the model is moved to its device (CUDA, or the CPU, which bitsandbytes 0.45+
+also supports, slowly). Quality is not assumed: ``kembed validate`` measures it against
+fp32 (docs/models.md has the figures).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["QUANTIZATIONS", "memory_bytes", "quantize_linear_layers"]
+
+QUANTIZATIONS = ("none", "int8", "nf4")
+
+# LLM.int8's outlier threshold: activations above it stay in 16/32-bit (the paper's 6.0).
+_INT8_THRESHOLD = 6.0
+
+
+def quantize_linear_layers(model: nn.Module, kind: str, compute_dtype: torch.dtype) -> int:
+    """Replace ``model``'s linear layers in place; returns how many were replaced."""
+    if kind == "none":
+        return 0
+    if kind not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {kind!r}; expected one of {QUANTIZATIONS}")
+    import bitsandbytes as bnb
+
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, _quantized(bnb, child, kind, compute_dtype))
+                replaced += 1
+    return replaced
+
+
+def _quantized(bnb: Any, linear: nn.Linear, kind: str, compute_dtype: torch.dtype) -> nn.Module:
+    has_bias = linear.bias is not None
+    weight = linear.weight.data.detach().clone()
+    layer: nn.Module
+    if kind == "int8":
+        layer = bnb.nn.Linear8bitLt(
+            linear.in_features,
+            linear.out_features,
+            bias=has_bias,
+            has_fp16_weights=False,
+            threshold=_INT8_THRESHOLD,
+        )
+        layer.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
+    else:
+        layer = bnb.nn.Linear4bit(
+            linear.in_features,
+            linear.out_features,
+            bias=has_bias,
+            compute_dtype=compute_dtype,
+            quant_type="nf4",
+        )
+        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4")
+    if has_bias:
+        assert linear.bias is not None
+        layer.bias = nn.Parameter(linear.bias.data.detach().clone(), requires_grad=False)
+    return layer
+
+
+def memory_bytes(model: nn.Module) -> int:
+    """Bytes held by the model's parameters and buffers (quantized weights at their size)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,0 +1,191 @@
+"""Every Prometheus metric of the worker, in one place (prefix ``kembed_``).
+
+Buckets are chosen per metric from what the worker does: batch shapes in powers of two up
+to the largest budgets, times from a millisecond (a lone short text on a GPU) to a minute
+(a backlog's queue time). Each :class:`Metrics` has its own registry, so tests and
+several workers in one process never share counters.
+
+Outcome labels are ``ok`` or a wire error code (``invalid_request``, ``deadline_exceeded``
+...); lanes are ``interactive`` and ``bulk``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+)
+from prometheus_client.exposition import generate_latest
+
+__all__ = ["CONTENT_TYPE", "METRIC_NAMES", "Metrics"]
+
+# The *_created samples double a scrape's size and no dashboard uses them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+_RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+_INFERENCE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_WAIT_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+)  # fmt: skip
+
+
+class Metrics:
+    """The worker's metrics, registered in their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.info = Info(
+            "kembed_worker", "Version, model and precision of this worker.", registry=r
+        )
+        self.requests = Counter(
+            "kembed_requests",
+            "Requests answered, by model and outcome (ok or an error code).",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.inputs = Counter(
+            "kembed_inputs",
+            "Inputs (texts) of answered requests, by model and outcome.",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "kembed_tokens",
+            "Tokens (after truncation) of answered requests, by model and outcome.",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "kembed_batch_size",
+            "Inputs per encoder batch; the count is the number of batches run.",
+            ["lane"],
+            buckets=_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.batch_padded_tokens = Histogram(
+            "kembed_batch_padded_tokens",
+            "Padded tokens per batch (inputs x longest input): the cost the encoder pays.",
+            ["lane"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.batch_padding_ratio = Histogram(
+            "kembed_batch_padding_ratio",
+            "Share of a batch's padded tokens that are padding (0: none wasted).",
+            ["lane"],
+            buckets=_RATIO_BUCKETS,
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "kembed_queue_seconds",
+            "Time an input waited between tokenization and the start of its batch.",
+            ["lane"],
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.inference_seconds = Histogram(
+            "kembed_inference_seconds",
+            "Encoder time per batch.",
+            ["lane"],
+            buckets=_INFERENCE_BUCKETS,
+            registry=r,
+        )
+        self.latency_seconds = Histogram(
+            "kembed_request_latency_seconds",
+            "End to end: from the request's produce timestamp to the broker's "
+            "acknowledgement of its answer.",
+            ["lane"],
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.inflight_inputs = Gauge(
+            "kembed_inflight_inputs",
+            "Inputs accepted and not yet answered.",
+            ["lane"],
+            registry=r,
+        )
+        self.inflight_tokens = Gauge(
+            "kembed_inflight_tokens",
+            "Tokens of inputs accepted and not yet answered.",
+            ["lane"],
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "kembed_consumer_lag",
+            "Messages in an assigned partition not yet fetched (high watermark - position).",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.backlog_tokens = Gauge(
+            "kembed_backlog_tokens",
+            "Estimated tokens of work waiting for this worker: lag x the average tokens "
+            "per request seen, plus the tokens in flight. Sum over workers to autoscale.",
+            ["lane"],
+            registry=r,
+        )
+        self.dlq_messages = Counter(
+            "kembed_dlq_messages",
+            "Messages written to the dead-letter topic, by reason code.",
+            ["code"],
+            registry=r,
+        )
+        self.publish_retries = Counter(
+            "kembed_publish_retries",
+            "Publish attempts that failed transiently and were retried.",
+            registry=r,
+        )
+        self.model_load_seconds = Gauge(
+            "kembed_model_load_seconds", "Time taken to load the model.", registry=r
+        )
+        self.warmup_seconds = Gauge(
+            "kembed_warmup_seconds",
+            "Time taken to warm the model up (and compile it, when compiled).",
+            registry=r,
+        )
+        self.paused_partitions = Gauge(
+            "kembed_paused_partitions",
+            "Partitions paused by backpressure.",
+            ["lane"],
+            registry=r,
+        )
+        self.ready = Gauge(
+            "kembed_ready", "1 when the worker is ready (the /ready endpoint).", registry=r
+        )
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+#: The metric families a scrape exposes (counters with their ``_total`` samples).
+METRIC_NAMES = (
+    "kembed_worker_info",
+    "kembed_requests_total",
+    "kembed_inputs_total",
+    "kembed_tokens_total",
+    "kembed_batch_size",
+    "kembed_batch_padded_tokens",
+    "kembed_batch_padding_ratio",
+    "kembed_queue_seconds",
+    "kembed_inference_seconds",
+    "kembed_request_latency_seconds",
+    "kembed_inflight_inputs",
+    "kembed_inflight_tokens",
+    "kembed_consumer_lag",
+    "kembed_backlog_tokens",
+    "kembed_dlq_messages_total",
+    "kembed_publish_retries_total",
+    "kembed_model_load_seconds",
+    "kembed_warmup_seconds",
+    "kembed_paused_partitions",
+    "kembed_ready",
+)

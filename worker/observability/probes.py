@@ -1,0 +1,96 @@
+"""Liveness and readiness of a worker, as the /health and /ready endpoints report them.
+
+- live (/health): the event loop answers (and its scheduling lag is under
+  ``max_loop_lag_s``), the encoder thread is not stuck in one batch for longer than
+  ``stuck_batch_s``, and the Kafka clients have not failed. A failing liveness probe means
+  "restart me".
+- ready (/ready): the model is loaded and warmed up (at its largest batch shape, compiled
+  when compiling), and the consumer has joined its group with partitions assigned. A worker
+  with no partitions (more workers than partitions) is alive but not ready: it serves
+  nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Protocol
+
+from worker.observability.http import Response
+
+__all__ = ["PipelineView", "Probes"]
+
+_JSON = "application/json"
+
+
+class PipelineView(Protocol):
+    def assigned_partitions(self) -> set[tuple[str, int]]: ...
+
+    def encoder_busy_seconds(self) -> float | None:
+        """How long the running batch has run; None when the encoder is idle."""
+        ...
+
+    def failure(self) -> BaseException | None: ...
+
+
+class Probes:
+    def __init__(
+        self,
+        *,
+        stuck_batch_s: float,
+        max_loop_lag_s: float = 5.0,
+    ) -> None:
+        self.phase = "loading"  # loading -> warming -> joining -> serving -> draining
+        self.pipeline: PipelineView | None = None
+        self._stuck_batch_s = stuck_batch_s
+        self._max_loop_lag_s = max_loop_lag_s
+        self._loop_lag = 0.0
+
+    async def watch_loop(self, every: float = 0.5) -> None:
+        """Measure how late the event loop wakes up (run as a task for the worker's life)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            expected = loop.time() + every
+            await asyncio.sleep(every)
+            self._loop_lag = max(0.0, loop.time() - expected)
+
+    def live(self) -> tuple[bool, dict[str, Any]]:
+        problems = []
+        if self._loop_lag > self._max_loop_lag_s:
+            problems.append(f"event loop lagging {self._loop_lag:.1f} s")
+        pipeline = self.pipeline
+        if pipeline is not None:
+            busy = pipeline.encoder_busy_seconds()
+            if busy is not None and busy > self._stuck_batch_s:
+                problems.append(f"encoder stuck in one batch for {busy:.0f} s")
+            failure = pipeline.failure()
+            if failure is not None:
+                problems.append(f"worker failed: {type(failure).__name__}")
+        return not problems, {
+            "status": "ok" if not problems else "failing",
+            "problems": problems,
+            "phase": self.phase,
+            "loop_lag_s": round(self._loop_lag, 4),
+        }
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        partitions = sorted(self.pipeline.assigned_partitions()) if self.pipeline else []
+        ok = self.phase == "serving" and bool(partitions)
+        reason = "ready" if ok else self.phase if self.phase != "serving" else "no partitions"
+        return ok, {
+            "ready": ok,
+            "status": reason,
+            "partitions": [f"{topic}-{partition}" for topic, partition in partitions],
+        }
+
+    def health_response(self) -> Response:
+        ok, body = self.live()
+        return (200 if ok else 503), _JSON, _dump(body)
+
+    def ready_response(self) -> Response:
+        ok, body = self.ready()
+        return (200 if ok else 503), _JSON, _dump(body)
+
+
+def _dump(body: dict[str, Any]) -> bytes:
+    return (json.dumps(body) + "\n").encode()
