@@ -51,9 +51,11 @@ async def bulk(
     reply_topic: str,
     progress: Callable[[int], None] | None = None,
     timeout: float = 900,
+    isolation_level: str = "read_uncommitted",
 ) -> BulkRun:
     """Publish ``texts`` in requests of ``per_request`` and wait for every result
-    (TimeoutError after ``timeout`` seconds: a benchmark must never hang)."""
+    (TimeoutError after ``timeout`` seconds: a benchmark must never hang); results are read
+    at ``isolation_level`` (read_committed for exactly-once workers)."""
     requests = [
         EmbedRequest(
             id=uuid.uuid4().hex,
@@ -64,7 +66,9 @@ async def bulk(
     ]
     pending = {request.id for request in requests}
     run = BulkRun(texts=len(texts))
-    consumer = AIOKafkaConsumer(reply_topic, bootstrap_servers=bootstrap, group_id=None)
+    consumer = AIOKafkaConsumer(
+        reply_topic, bootstrap_servers=bootstrap, group_id=None, isolation_level=isolation_level
+    )
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await consumer.start()
     await producer.start()

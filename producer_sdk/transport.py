@@ -53,6 +53,7 @@ class Transport:
             group_id=None,
             enable_auto_commit=False,
             fetch_max_wait_ms=config.fetch_max_wait_ms,
+            isolation_level=config.isolation_level,
         )
         self._reader: asyncio.Task[None] | None = None
         self.reply_partition = -1

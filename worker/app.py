@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 
 from worker.encoder import Encoder, ModelInfo
-from worker.kafka.publisher import KafkaPublisher
+from worker.kafka.publisher import KafkaPublisher, KafkaTransactionalPublisher
 from worker.kafka.security import client_options
 from worker.kafka.source import KafkaSource
 from worker.observability.http import HttpServer
@@ -123,15 +123,7 @@ async def _serve(
     settings: WorkerSettings, metrics: Metrics, probes: Probes, info: dict[str, Any]
 ) -> None:
     security = client_options(settings)
-    publisher = KafkaPublisher(
-        settings.bootstrap_servers,
-        client_id=settings.client_id,
-        linger_ms=settings.linger_ms,
-        # Results, and dead letters that copy a request of up to max_request_size.
-        max_request_size=max(settings.max_result_bytes, settings.max_request_bytes)
-        + _RECORD_OVERHEAD,
-        security=security,
-    )
+    publisher = _publisher(settings, security)
     # Kafka first: a wrong password or a missing ACL fails in a second, not after the model
     # has loaded (and compiled).
     probes.phase = "connecting"
@@ -143,9 +135,36 @@ async def _serve(
         await publisher.stop()
 
 
+def _publisher(
+    settings: WorkerSettings, security: dict[str, Any]
+) -> KafkaPublisher | KafkaTransactionalPublisher:
+    # Results, and dead letters that copy a request of up to max_request_size.
+    max_request_size = max(settings.max_result_bytes, settings.max_request_bytes) + _RECORD_OVERHEAD
+    if settings.delivery == "exactly_once":
+        transactional_id = settings.resolved_transactional_id()
+        log.info("transactions.enabled", transactional_id=transactional_id)
+        return KafkaTransactionalPublisher(
+            settings.bootstrap_servers,
+            client_id=settings.client_id,
+            linger_ms=settings.linger_ms,
+            max_request_size=max_request_size,
+            transactional_id=transactional_id,
+            transaction_timeout_ms=settings.transaction_timeout_ms,
+            warm_topics=[settings.results_topic, settings.dlq_topic],
+            security=security,
+        )
+    return KafkaPublisher(
+        settings.bootstrap_servers,
+        client_id=settings.client_id,
+        linger_ms=settings.linger_ms,
+        max_request_size=max_request_size,
+        security=security,
+    )
+
+
 async def _load_and_run(
     settings: WorkerSettings,
-    publisher: KafkaPublisher,
+    publisher: KafkaPublisher | KafkaTransactionalPublisher,
     security: dict[str, Any],
     metrics: Metrics,
     probes: Probes,
@@ -218,6 +237,7 @@ async def _load_and_run(
         topic=settings.requests_topic,
         bulk_topic=settings.bulk_topic,
         group_id=settings.group_id,
+        delivery=settings.delivery,
     )
     try:
         await pipeline.run()
@@ -275,6 +295,7 @@ def worker_info(
         },
         "group_id": settings.group_id,
         "client_id": settings.client_id,
+        "delivery": settings.delivery,
     }
 
 

@@ -9,8 +9,10 @@ Three loops share one event loop:
   prepared bulk batch yields to interactive work that becomes ready meanwhile. torch
   releases the GIL, so fetches, heartbeats and publishes go on during inference. A
   finished request is published by its own task;
-- commit: commits, per partition, up to the first record not yet answered (acknowledged by
-  the broker), so a crash redelivers rather than loses.
+- commit: the delivery strategy's loop (``worker.delivery``): at least once, it commits,
+  per partition, up to the first record not yet answered (acknowledged by the broker), so a
+  crash redelivers rather than loses; exactly once, it writes answers and offsets together
+  in Kafka transactions.
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ import structlog
 from schemas import EmbedRequest, ErrorCode, ErrorInfo
 from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler
 from worker.decode import Accepted, Limits, Rejected, decode_record
+from worker.delivery import make_delivery
 from worker.encoder import Encoder, Prepared
 from worker.observability.metrics import Metrics
 from worker.offsets import OffsetTracker
-from worker.ports import Publisher, Record, Source, TopicPartition
+from worker.ports import Publisher, Record, Source, TopicPartition, TransactionalPublisher
 from worker.publish import encode_error, encode_vectors
-from worker.replies import Replier, ReplyTo
+from worker.replies import ReplyTo
 from worker.settings import WorkerSettings
 from worker.tokenization import TextTokenizer, Tokenized
 
@@ -78,7 +81,7 @@ class Pipeline:
         self,
         *,
         source: Source,
-        publisher: Publisher,
+        publisher: Publisher | TransactionalPublisher,
         tokenizer: TextTokenizer,
         encoder: Encoder,
         settings: WorkerSettings,
@@ -106,12 +109,12 @@ class Pipeline:
         )
         self._max_wait = settings.max_batch_wait_ms / 1000
         self._tracker = OffsetTracker()
-        self._committed: dict[TopicPartition, int] = {}
         self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._replier = Replier(
+        self._delivery = make_delivery(
             publisher,
-            results_topic=settings.results_topic,
-            dlq_topic=settings.dlq_topic,
+            source=source,
+            tracker=self._tracker,
+            settings=settings,
             on_fatal=self._fail_worker,
             retry_for_s=settings.publish_retry_s,
             on_retry=self._metrics.publish_retries.inc,
@@ -167,7 +170,7 @@ class Pipeline:
         loops = [
             asyncio.create_task(self._fetch_loop(), name="fetch"),
             asyncio.create_task(self._batch_loop(), name="batch"),
-            asyncio.create_task(self._commit_loop(), name="commit"),
+            asyncio.create_task(self._delivery.run(), name="commit"),
             asyncio.create_task(self._lag_loop(), name="lag"),
         ]
         stopping = asyncio.create_task(self._stopping.wait())
@@ -180,7 +183,7 @@ class Pipeline:
             self._stopping.set()  # the fetch loop sees it and stops polling
             drained = await self._wait_answered(None, self._settings.shutdown_timeout_s)
             log.info("worker.drained", complete=drained, in_flight=self._tracker.in_flight())
-            await self._commit()
+            await self._delivery.commit()
         finally:
             stopping.cancel()
             for task in loops:
@@ -198,10 +201,8 @@ class Pipeline:
     async def on_revoked(self, partitions: set[TopicPartition]) -> None:
         """Finish the revoked partitions' requests and commit them before they move."""
         drained = await self._wait_answered(partitions, self._settings.shutdown_timeout_s)
-        await self._commit(partitions)
-        self._tracker.forget(partitions)
-        for tp in partitions:
-            self._committed.pop(tp, None)
+        await self._delivery.commit(partitions)
+        self._delivery.forget(partitions)
         if partitions:
             log.info("partitions.revoked", partitions=_names(partitions), drained=drained)
 
@@ -235,7 +236,7 @@ class Pipeline:
         now_ms = int(time.time() * 1000)
         accepted: dict[str, list[tuple[Record, EmbedRequest]]] = {INTERACTIVE: [], BULK: []}
         for record in records:
-            self._tracker.track(record.tp, record.offset)
+            self._delivery.track(record)
             decoded = decode_record(record, self._limits, now_ms)
             if isinstance(decoded, Accepted):
                 accepted[self._lane(record.topic)].append((record, decoded.request))
@@ -506,7 +507,7 @@ class Pipeline:
         outcome: str,
         tokens: int,
     ) -> None:
-        if await self._replier.answer(record, reply, value):
+        if await self._delivery.answer(record, reply, value):
             log.debug(
                 "request.answered",
                 request_id=reply.id,
@@ -526,11 +527,10 @@ class Pipeline:
                 )
 
     async def _dead_letter(self, record: Record, code: str, message: str) -> None:
-        if await self._replier.dead_letter(record, code, message):
+        if await self._delivery.dead_letter(record, code, message):
             self._answered(record, self._lane(record.topic), 0)
 
     def _answered(self, record: Record, lane: str, inputs: int) -> None:
-        self._tracker.done(record.tp, record.offset)
         self._inflight[lane] -= inputs
         self._progress.set()
         self._release_backpressure(lane)
@@ -566,31 +566,6 @@ class Pipeline:
         refresh) at the average tokens per request seen, plus the tokens in flight now."""
         waiting = sum(lag for tp, lag in self._lags.items() if self._lane(tp[0]) == lane)
         return waiting * self._tokens_per_request[lane] + self._inflight_tokens[lane]
-
-    # ------------------------------------------------------------------ commit
-
-    async def _commit_loop(self) -> None:
-        interval = self._settings.commit_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            await self._commit()
-
-    async def _commit(self, partitions: set[TopicPartition] | None = None) -> None:
-        owned = self._source.assignment() if partitions is None else partitions
-        offsets = {
-            tp: offset
-            for tp in owned
-            if (offset := self._tracker.committable(tp)) is not None
-            and offset != self._committed.get(tp)
-        }
-        if not offsets:
-            return
-        try:
-            await self._source.commit(offsets)
-        except Exception as exc:  # noqa: BLE001 (a rebalance in progress: the next commit catches up)
-            log.warning("commit.failed", error=type(exc).__name__, partitions=_names(offsets))
-            return
-        self._committed.update(offsets)
 
 
 def _rejection(request: EmbedRequest, error: ErrorInfo) -> Rejected:

@@ -6,11 +6,19 @@ types alone, so a stage can be tested with a fake source and publisher.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-__all__ = ["KafkaAccessError", "PublishError", "Publisher", "Record", "Source", "TopicPartition"]
+__all__ = [
+    "KafkaAccessError",
+    "PublishError",
+    "Publisher",
+    "Record",
+    "Source",
+    "TopicPartition",
+    "TransactionalPublisher",
+]
 
 TopicPartition = tuple[str, int]
 
@@ -65,6 +73,43 @@ class Publisher(Protocol):
         ...
 
 
+@runtime_checkable
+class TransactionalPublisher(Protocol):
+    """A producer whose messages and consumer offsets are committed atomically, or not at all.
+
+    One transaction at a time: ``begin``, any number of ``send`` and one ``send_offsets``,
+    then ``commit`` (or ``abort``). A message sent outside a transaction is an error.
+    """
+
+    async def check_destination(self, topic: str, partition: int | None) -> None:
+        """Raise PublishError (not retriable) if ``topic``, or ``partition`` of it, does not
+        exist; the check a message must pass before it may join a transaction."""
+        ...
+
+    async def begin(self) -> None: ...
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> Awaitable[object]:
+        """Queue a message in the open transaction; the awaitable completes when the broker
+        has it (it is visible to read_committed readers only after ``commit``)."""
+        ...
+
+    async def send_offsets(self, offsets: Mapping[TopicPartition, int], group_id: str) -> None:
+        """Add next-offsets-to-read of ``group_id`` to the open transaction."""
+        ...
+
+    async def commit(self) -> None: ...
+
+    async def abort(self) -> None: ...
+
+
 class Source(Protocol):
     async def poll(self, timeout_ms: int, max_records: int) -> list[Record]: ...
 
@@ -80,4 +125,9 @@ class Source(Protocol):
 
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Commit the given next-offsets-to-read (Kafka's convention)."""
+        ...
+
+    def in_group(self) -> bool:
+        """False once the consumer knows it was expelled from its group (its partitions are
+        lost, not handed over): its answers must then not be committed."""
         ...

@@ -27,10 +27,13 @@ async def collect(
     *,
     partition: int = 0,
     timeout: float = 60,
+    isolation_level: str = "read_uncommitted",
 ) -> list[Any]:
     """Every record of one partition from its beginning, read until ``until(records)``
     holds or ``timeout`` seconds pass (the caller's assertions then say what is missing)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level=isolation_level
+    )
     await consumer.start()
     try:
         tp = TopicPartition(topic, partition)

@@ -318,6 +318,37 @@ def test_worker_without_rights_exits_with_a_clear_error(
     assert_no_secret(worker.log_path.read_text(), passwords)
 
 
+def test_exactly_once_worker_without_a_transactional_id_right_exits_with_a_clear_error(
+    secure_kafka: LocalKafka, passwords: dict[str, str], tmp_path: Path
+) -> None:
+    """An exactly-once worker whose principal has its topics' and group's rights but none
+    on its transactional id logs kafka.authorization_failed naming that id and exits
+    non-zero before loading the model."""
+    transactional_id = f"kembed-denied-{uuid.uuid4().hex[:6]}"
+    worker = WorkerProcess(
+        secure_kafka.bootstrap_servers,
+        tmp_path / "worker.log",
+        delivery="exactly_once",
+        transactional_id=transactional_id,
+        **worker_login(WORKER_USER, passwords[WORKER_USER]),
+    )
+    try:
+        status = worker.process.wait(timeout=120)
+    finally:
+        worker.stop()
+
+    events = worker.events()
+    failed = [e for e in events if e.get("event") == "kafka.authorization_failed"]
+    assert status == 1
+    assert len(failed) == 1, events
+    assert failed[0]["reason"] == (
+        f"User:{WORKER_USER} is not authorized for WRITE on transactional id "
+        f"'{transactional_id}' (exactly_once delivery): it needs an ACL allowing it"
+    )
+    assert not any(e.get("event") == "model.loaded" for e in events)
+    assert_no_secret(worker.log_path.read_text(), passwords)
+
+
 def test_worker_refused_by_its_group_at_run_time_exits_with_a_clear_error(
     secure_kafka: LocalKafka, passwords: dict[str, str], tmp_path: Path
 ) -> None:

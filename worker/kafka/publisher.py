@@ -1,47 +1,71 @@
-"""Result publisher: an idempotent aiokafka producer behind the ``Publisher`` port."""
+"""Result publishers behind the ``Publisher`` and ``TransactionalPublisher`` ports.
+
+``KafkaPublisher`` (at least once) acknowledges each message on its own.
+``KafkaTransactionalPublisher`` (exactly once) writes messages and consumer offsets in
+Kafka transactions.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+import logging
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    NotEnoughReplicasError,
+    TransactionalIdAuthorizationFailed,
+)
 
-from worker.kafka.security import check_access, diagnose_login
-from worker.ports import PublishError
+from worker.kafka.security import check_access, diagnose_login, principal_of
+from worker.ports import KafkaAccessError, PublishError, TopicPartition
 
-__all__ = ["KafkaPublisher"]
+__all__ = ["KafkaPublisher", "KafkaTransactionalPublisher"]
 
 # How long an unknown reply topic may take to appear before the result is dead-lettered.
 _TOPIC_WAIT_S = 10.0
+# Retry back-off of the transactional producer. Right after a commit the coordinator is
+# still writing the previous transaction's markers and answers the next transaction's first
+# requests with CONCURRENT_TRANSACTIONS (NOT_ENOUGH_REPLICAS for produce requests of
+# aiokafka's version); aiokafka's default 100 ms back-off then dominates the latency of
+# back-to-back transactions. 20 ms is what aiokafka itself waits between transactions.
+_TXN_RETRY_BACKOFF_MS = 20
 
 
-class KafkaPublisher:
+class _ExpectedRetries(logging.Filter):
+    """Drops aiokafka's warning for the produce retry above (NOT_ENOUGH_REPLICAS while the
+    previous transaction completes): expected, harmless, and frequent under load. A
+    genuine shortage of replicas still shows, as transactions that fail."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            str(record.msg).startswith("Got error produce response")
+            and isinstance(record.args, tuple)
+            and NotEnoughReplicasError in record.args
+        )
+
+
+_EXPECTED_RETRIES = _ExpectedRetries()
+
+
+class _Producer:
+    """What both publishers share: an aiokafka producer with the worker's security options,
+    a start that explains a rejected login, and the access check."""
+
     def __init__(
-        self,
-        bootstrap_servers: str,
-        *,
-        client_id: str,
-        linger_ms: int,
-        max_request_size: int,
-        security: Mapping[str, Any] | None = None,
+        self, bootstrap_servers: str, security: Mapping[str, Any] | None, **options: Any
     ) -> None:
         """``security``: aiokafka security options (``worker.kafka.security.client_options``)."""
         self._bootstrap_servers = bootstrap_servers
         self._security = dict(security or {})
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap_servers,
-            **self._security,
-            client_id=client_id,
-            acks="all",
-            # Not idempotent: delivery is at least once by design (clients drop duplicate
-            # results by id), and aiokafka 0.14's idempotent producer was seen to stall
-            # concurrent first sends to a new partition for request_timeout_ms.
-            enable_idempotence=False,
-            linger_ms=linger_ms,
-            max_request_size=max_request_size,
+            bootstrap_servers=bootstrap_servers, **self._security, acks="all", **options
         )
 
     async def start(self) -> None:
@@ -63,6 +87,29 @@ class KafkaPublisher:
     async def stop(self) -> None:
         await self._producer.stop()
 
+
+class KafkaPublisher(_Producer):
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        client_id: str,
+        linger_ms: int,
+        max_request_size: int,
+        security: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            bootstrap_servers,
+            security,
+            client_id=client_id,
+            # Not idempotent: delivery is at least once by design (clients drop duplicate
+            # results by id), and aiokafka 0.14's idempotent producer was seen to stall
+            # concurrent first sends to a new partition for request_timeout_ms.
+            enable_idempotence=False,
+            linger_ms=linger_ms,
+            max_request_size=max_request_size,
+        )
+
     async def send(
         self,
         topic: str,
@@ -72,16 +119,7 @@ class KafkaPublisher:
         partition: int | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
-        try:
-            partitions = await asyncio.wait_for(self._producer.partitions_for(topic), _TOPIC_WAIT_S)
-        except (TimeoutError, KafkaError) as exc:
-            raise PublishError(
-                f"topic {topic!r} is not available: {exc!r}", retriable=False
-            ) from exc
-        if partition is not None and partition not in partitions:
-            raise PublishError(
-                f"partition {partition} does not exist in topic {topic!r}", retriable=False
-            )
+        await _check_destination(self._producer, topic, partition)
         try:
             future = await self._producer.send(
                 topic, value, key=key, partition=partition, headers=list(headers)
@@ -92,3 +130,117 @@ class KafkaPublisher:
             # transient as the retriable errors, though aiokafka does not mark it so.
             retriable = bool(getattr(exc, "retriable", False)) or isinstance(exc, KafkaTimeoutError)
             raise PublishError(f"{type(exc).__name__}: {exc}", retriable=retriable) from exc
+
+
+class KafkaTransactionalPublisher(_Producer):
+    """A transactional (hence idempotent) producer.
+
+    ``warm_topics`` (the results and dead-letter topics) have their metadata fetched at
+    start, before any transaction: a transaction's sends then never wait for metadata, and
+    the first sends to each partition do not race a metadata fetch (aiokafka 0.14's
+    idempotent producer was seen to stall such sends for request_timeout_ms).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        client_id: str,
+        linger_ms: int,
+        max_request_size: int,
+        transactional_id: str,
+        transaction_timeout_ms: int,
+        warm_topics: Sequence[str] = (),
+        security: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            bootstrap_servers,
+            security,
+            client_id=client_id,
+            transactional_id=transactional_id,
+            transaction_timeout_ms=transaction_timeout_ms,
+            linger_ms=linger_ms,
+            max_request_size=max_request_size,
+            retry_backoff_ms=_TXN_RETRY_BACKOFF_MS,
+        )
+        self._transactional_id = transactional_id
+        self._warm_topics = list(warm_topics)
+        self._stop_timeout = transaction_timeout_ms / 1000
+        logging.getLogger("aiokafka.producer.sender").addFilter(_EXPECTED_RETRIES)
+
+    async def start(self) -> None:
+        """Start, fencing any earlier producer with the same transactional id (its open
+        transaction is aborted), and fetch the metadata of ``warm_topics``. Raises
+        KafkaAccessError if the principal may not use the transactional id."""
+        try:
+            await super().start()
+        except TransactionalIdAuthorizationFailed:
+            await self._producer.stop()
+            raise KafkaAccessError(
+                "authorization",
+                f"{principal_of(self._security)} is not authorized for WRITE on transactional "
+                f"id {self._transactional_id!r} (exactly_once delivery): it needs an ACL "
+                "allowing it",
+            ) from None
+        for topic in self._warm_topics:
+            # A missing topic is not fatal here: answers bound for it are dead-lettered (or,
+            # for the dead-letter topic itself, fail the worker) as at least once does.
+            with contextlib.suppress(PublishError):
+                await _check_destination(self._producer, topic, None)
+
+    async def stop(self) -> None:
+        """Stop within the transaction timeout: after a failed transaction a message may
+        still wait for the broker (up to request_timeout_ms), and the worker should exit
+        rather than wait for it. Nothing is lost: what is not committed is redelivered."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._producer.stop(), self._stop_timeout)
+
+    async def check_destination(self, topic: str, partition: int | None) -> None:
+        known = self._producer.client.cluster.partitions_for_topic(topic)
+        if known:  # the usual case, without a suspension: answers join the waiting batch now
+            if partition is not None and partition not in known:
+                raise PublishError(
+                    f"partition {partition} does not exist in topic {topic!r}", retriable=False
+                )
+            return
+        await _check_destination(self._producer, topic, partition)
+
+    async def begin(self) -> None:
+        await self._producer.begin_transaction()
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> Awaitable[object]:
+        future: Awaitable[object] = await self._producer.send(
+            topic, value, key=key, partition=partition, headers=list(headers)
+        )
+        return future
+
+    async def send_offsets(self, offsets: Mapping[TopicPartition, int], group_id: str) -> None:
+        await self._producer.send_offsets_to_transaction(
+            {KafkaTP(topic, partition): offset for (topic, partition), offset in offsets.items()},
+            group_id,
+        )
+
+    async def commit(self) -> None:
+        await self._producer.commit_transaction()
+
+    async def abort(self) -> None:
+        await self._producer.abort_transaction()
+
+
+async def _check_destination(producer: AIOKafkaProducer, topic: str, partition: int | None) -> None:
+    try:
+        partitions = await asyncio.wait_for(producer.partitions_for(topic), _TOPIC_WAIT_S)
+    except (TimeoutError, KafkaError) as exc:
+        raise PublishError(f"topic {topic!r} is not available: {exc!r}", retriable=False) from exc
+    if partition is not None and partition not in partitions:
+        raise PublishError(
+            f"partition {partition} does not exist in topic {topic!r}", retriable=False
+        )

@@ -21,6 +21,8 @@ __all__ = ["KafkaSource"]
 
 PartitionsHook = Callable[[set[TopicPartition]], Awaitable[None]]
 
+_NO_GENERATION = -1  # aiokafka's generation of a consumer that is not a group member
+
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, on_revoked: PartitionsHook, on_assigned: PartitionsHook) -> None:
@@ -128,6 +130,13 @@ class KafkaSource:
 
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         await self._consumer.commit({KafkaTP(t, p): o for (t, p), o in offsets.items()})
+
+    def in_group(self) -> bool:
+        # aiokafka has no public accessor: when a heartbeat or commit learns that this member
+        # was expelled (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION), the coordinator resets its
+        # generation to -1 before the rebalance listener sees the partitions go.
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        return coordinator is None or getattr(coordinator, "generation", 0) != _NO_GENERATION
 
     def _denied(self, what: str) -> KafkaAccessError:
         return KafkaAccessError(

@@ -1,0 +1,588 @@
+"""How answers and offsets reach Kafka: at least once, or exactly once with transactions.
+
+The pipeline tells its ``Delivery`` about every record it takes (``track``) and, later, hands
+it the record's answer (``answer``: a result or an error result; ``dead_letter``). Both
+strategies keep one rule: no offset is committed past a record whose answer is not written.
+They differ in how answers and offsets are written:
+
+- ``AtLeastOnce``: each answer is published on its own and acknowledged by the broker; a
+  commit loop commits, per partition, up to the first unanswered record. A crash between
+  an answer and the next commit makes a restarted worker send that answer again.
+- ``ExactlyOnce``: answers are collected for a few milliseconds and written in one Kafka
+  transaction together with the offsets they make committable; the transaction commits
+  both or neither. A ``read_committed`` reader of the result topics sees each answer once,
+  whatever crashes or rebalances happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from schemas.headers import CORRELATION_ID
+from worker.offsets import OffsetTracker
+from worker.ports import (
+    Publisher,
+    PublishError,
+    Record,
+    Source,
+    TopicPartition,
+    TransactionalPublisher,
+)
+from worker.publish import dead_letter_headers, result_headers
+from worker.replies import Replier, ReplyTo
+from worker.settings import WorkerSettings
+
+__all__ = ["AtLeastOnce", "Delivery", "ExactlyOnce", "TransactionError", "make_delivery"]
+
+log = structlog.get_logger("kembed.worker")
+
+# A transaction is cut at once when this many answers wait, whatever the interval.
+MAX_TRANSACTION_ANSWERS = 1000
+# Tries of one transaction: a refused result becomes a dead letter, a refused dead letter
+# loses the request's bytes; what is refused after that fails the worker.
+_ATTEMPTS = 3
+# A transaction begins no sooner than this after the previous one committed. The broker
+# completes a commit (transaction markers) just after answering it, and a transaction that
+# begins meanwhile is refused with CONCURRENT_TRANSACTIONS, which aiokafka retries after a
+# fixed 20 ms: back to back, a transaction took ~36 ms; 5 ms apart, ~7 ms (local broker).
+SETTLE_S = 0.005
+
+
+class Delivery(Protocol):
+    """Owns the offset tracker's bookkeeping: ``track`` marks a record in flight, and a
+    record counts as answered once its answer is written (at least once) or is in the
+    transaction being committed (exactly once)."""
+
+    def track(self, record: Record) -> None:
+        """``record`` was taken from Kafka and will be answered."""
+        ...
+
+    async def answer(self, record: Record, reply: ReplyTo, value: bytes) -> bool:
+        """Write ``value`` (a result or an error result) to the request's reply topic, or
+        dead-letter the record if that topic cannot take it. True once the record needs
+        nothing more from this worker (answered, or dropped because its partition moved);
+        False if it could not be answered (the worker is failing, and nothing is committed
+        past the record)."""
+        ...
+
+    async def dead_letter(self, record: Record, code: str, message: str) -> bool:
+        """Copy ``record`` to the dead-letter topic; True and False as for ``answer``."""
+        ...
+
+    async def run(self) -> None:
+        """Commit in the background until cancelled."""
+        ...
+
+    async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
+        """Commit now what is answered (in ``partitions``, or everywhere): before revoked
+        partitions move, and at shutdown."""
+        ...
+
+    def forget(self, partitions: Iterable[TopicPartition]) -> None:
+        """Drop revoked partitions: their new owner resumes from the last commit."""
+        ...
+
+
+def make_delivery(
+    publisher: Publisher | TransactionalPublisher,
+    *,
+    source: Source,
+    tracker: OffsetTracker,
+    settings: WorkerSettings,
+    on_fatal: Callable[[BaseException], None],
+    retry_for_s: float = 300.0,
+    on_retry: Callable[[], None] = lambda: None,
+    on_dead_letter: Callable[[str], None] = lambda code: None,
+) -> Delivery:
+    """The strategy ``settings.delivery`` names, over ``publisher`` (which must be a
+    ``TransactionalPublisher`` for exactly_once). ``on_dead_letter`` is told the code of
+    every dead letter written; ``retry_for_s`` and ``on_retry`` concern at least once's
+    retries of transient publish failures (exactly once retries within a transaction)."""
+    if settings.delivery == "exactly_once":
+        if not isinstance(publisher, TransactionalPublisher):
+            raise TypeError("exactly_once delivery needs a transactional publisher")
+        return ExactlyOnce(
+            publisher,
+            source,
+            tracker,
+            group_id=settings.group_id,
+            results_topic=settings.results_topic,
+            dlq_topic=settings.dlq_topic,
+            interval_s=settings.transaction_interval_ms / 1000,
+            timeout_s=settings.transaction_timeout_ms / 1000,
+            on_fatal=on_fatal,
+            on_dead_letter=on_dead_letter,
+        )
+    if isinstance(publisher, TransactionalPublisher):
+        raise TypeError("at_least_once delivery needs a plain publisher")
+    return AtLeastOnce(
+        publisher,
+        source,
+        tracker,
+        results_topic=settings.results_topic,
+        dlq_topic=settings.dlq_topic,
+        commit_interval_s=settings.commit_interval_ms / 1000,
+        on_fatal=on_fatal,
+        retry_for_s=retry_for_s,
+        on_retry=on_retry,
+        on_dead_letter=on_dead_letter,
+    )
+
+
+# ---------------------------------------------------------------------- at least once
+
+
+class AtLeastOnce:
+    """Answers published one by one; the consumer commits up to the first unanswered record."""
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        source: Source,
+        tracker: OffsetTracker,
+        *,
+        results_topic: str,
+        dlq_topic: str,
+        commit_interval_s: float,
+        on_fatal: Callable[[BaseException], None],
+        retry_for_s: float = 300.0,
+        on_retry: Callable[[], None] = lambda: None,
+        on_dead_letter: Callable[[str], None] = lambda code: None,
+    ) -> None:
+        self._replier = Replier(
+            publisher,
+            results_topic=results_topic,
+            dlq_topic=dlq_topic,
+            on_fatal=on_fatal,
+            retry_for_s=retry_for_s,
+            on_retry=on_retry,
+            on_dead_letter=on_dead_letter,
+        )
+        self._source = source
+        self._tracker = tracker
+        self._interval = commit_interval_s
+        self._committed: dict[TopicPartition, int] = {}
+
+    def track(self, record: Record) -> None:
+        self._tracker.track(record.tp, record.offset)
+
+    async def answer(self, record: Record, reply: ReplyTo, value: bytes) -> bool:
+        if await self._replier.answer(record, reply, value):
+            self._tracker.done(record.tp, record.offset)
+            return True
+        return False
+
+    async def dead_letter(self, record: Record, code: str, message: str) -> bool:
+        if await self._replier.dead_letter(record, code, message):
+            self._tracker.done(record.tp, record.offset)
+            return True
+        return False
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            await self.commit()
+
+    async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
+        owned = self._source.assignment() if partitions is None else partitions
+        offsets = {
+            tp: offset
+            for tp in owned
+            if (offset := self._tracker.committable(tp)) is not None
+            and offset != self._committed.get(tp)
+        }
+        if not offsets:
+            return
+        try:
+            await self._source.commit(offsets)
+        except Exception as exc:  # noqa: BLE001 (a rebalance in progress: the next commit catches up)
+            log.warning("commit.failed", error=type(exc).__name__, partitions=_names(offsets))
+            return
+        self._committed.update(offsets)
+
+    def forget(self, partitions: Iterable[TopicPartition]) -> None:
+        self._tracker.forget(partitions)
+        for tp in partitions:
+            self._committed.pop(tp, None)
+
+
+# ---------------------------------------------------------------------- exactly once
+
+
+class TransactionError(Exception):
+    """A transaction could not be committed and was aborted; the worker must stop so that a
+    restarted one resumes from the last committed offsets."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Message:
+    topic: str
+    value: bytes
+    key: bytes | None
+    partition: int | None
+    headers: Sequence[tuple[str, bytes]]
+    code: str | None = None  # a dead letter's error code; None for a result
+    reason: str = ""  # a dead letter's reason
+
+
+@dataclass(eq=False, slots=True)
+class _Answer:  # mutable: a refused result becomes a dead letter
+    record: Record
+    message: _Message
+    since: float  # time.monotonic() when it began to wait
+    done: asyncio.Future[bool]
+
+
+class ExactlyOnce:
+    """Answers and the offsets they make committable, written in Kafka transactions.
+
+    A transaction is cut when the oldest waiting answer has waited ``interval_s``, or when
+    ``max_answers`` wait; never while another one runs (answers arriving meanwhile wait for
+    the next), nor within ``settle_s`` of the previous commit. Each transaction: begin;
+    send the waiting answers (results, error results and dead letters alike); mark their
+    records answered in the offset tracker; add the offsets that became committable
+    (``send_offsets``); wait until the broker has every message; commit. Any failure
+    aborts the transaction and fails the worker: its answers are then invisible to
+    read_committed readers and its offsets uncommitted, so a restarted worker answers
+    those records again, once.
+
+    Answers are committed only for records the worker still owns: an answer whose record's
+    partition was revoked (or taken again since: a record fetched anew is another
+    ``Record``), or that is ready while the consumer knows it was expelled from its group,
+    is dropped, since the partition's new owner answers that record itself.
+    """
+
+    def __init__(
+        self,
+        producer: TransactionalPublisher,
+        source: Source,
+        tracker: OffsetTracker,
+        *,
+        group_id: str,
+        results_topic: str,
+        dlq_topic: str,
+        interval_s: float,
+        timeout_s: float,
+        on_fatal: Callable[[BaseException], None],
+        on_dead_letter: Callable[[str], None] = lambda code: None,
+        max_answers: int = MAX_TRANSACTION_ANSWERS,
+        settle_s: float = SETTLE_S,
+    ) -> None:
+        self._producer = producer
+        self._source = source
+        self._tracker = tracker
+        self._group_id = group_id
+        self._results_topic = results_topic
+        self._dlq_topic = dlq_topic
+        self._interval = interval_s
+        self._timeout = timeout_s
+        self._on_fatal = on_fatal
+        self._on_dead_letter = on_dead_letter
+        self._max_answers = max_answers
+        self._settle = settle_s
+        self._ended = 0.0  # time.monotonic() when the last transaction ended
+        self._waiting: list[_Answer] = []
+        self._arrived = asyncio.Event()  # set when the first answer waits, or many do
+        self._lock = asyncio.Lock()  # one transaction at a time
+        self._live: dict[TopicPartition, dict[int, Record]] = {}  # tracked, not yet answered
+        self._committed: dict[TopicPartition, int] = {}
+        self._failed: BaseException | None = None
+        self._phase = ""  # the step the current transaction is in, for failure logs
+        self.transactions = 0
+        """Transactions committed."""
+        self.dropped = 0
+        """Answers dropped because their partition had moved."""
+
+    def track(self, record: Record) -> None:
+        self._tracker.track(record.tp, record.offset)
+        self._live.setdefault(record.tp, {})[record.offset] = record
+
+    async def answer(self, record: Record, reply: ReplyTo, value: bytes) -> bool:
+        topic = reply.reply_to or self._results_topic
+        try:
+            await self._producer.check_destination(topic, reply.reply_partition)
+        except PublishError as exc:
+            log.warning(
+                "publish.failed",
+                request_id=reply.id,
+                reply_to=topic,
+                reason=exc.reason,
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+            )
+            return await self.dead_letter(record, "reply_failed", exc.reason)
+        message = _Message(
+            topic, value, reply.id.encode("utf-8"), reply.reply_partition, result_headers(reply.id)
+        )
+        return await self._wait(record, message)
+
+    async def dead_letter(self, record: Record, code: str, message: str) -> bool:
+        try:
+            await self._producer.check_destination(self._dlq_topic, None)
+        except PublishError as exc:
+            log.error(
+                "dead_letter.failed",
+                reason=exc.reason,
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+            )
+            self._on_fatal(exc)
+            return False
+        return await self._wait(record, self._letter(record, code, message))
+
+    def _letter(self, record: Record, code: str, message: str, *, value: bool = True) -> _Message:
+        return _Message(
+            self._dlq_topic,
+            (record.value or b"") if value else b"",
+            record.key,
+            None,
+            dead_letter_headers(record, code, message),
+            code,
+            message,
+        )
+
+    async def _wait(self, record: Record, message: _Message) -> bool:
+        if self._failed is not None:
+            return False
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Answer(record, message, time.monotonic(), done))
+        if len(self._waiting) == 1 or len(self._waiting) >= self._max_answers:
+            self._arrived.set()
+        return await done
+
+    async def run(self) -> None:
+        """Cut transactions until cancelled, or until one fails (reported to on_fatal)."""
+        while True:
+            self._arrived.clear()
+            if not self._waiting:
+                await self._arrived.wait()
+                continue
+            now = time.monotonic()
+            settled = self._ended + self._settle
+            if len(self._waiting) >= self._max_answers:
+                start = settled
+            else:
+                start = max(self._waiting[0].since + self._interval, settled)
+            if start > now:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), start - now)
+                continue
+            try:
+                await self._transaction()
+            except TransactionError:
+                return
+
+    async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
+        """Commit every waiting answer now (``partitions`` among them), in one transaction."""
+        await self._transaction()
+
+    def forget(self, partitions: Iterable[TopicPartition]) -> None:
+        partitions = list(partitions)
+        self._tracker.forget(partitions)
+        for tp in partitions:
+            self._live.pop(tp, None)
+            self._committed.pop(tp, None)
+
+    async def _transaction(self) -> None:
+        async with self._lock:
+            if self._failed is not None:
+                raise TransactionError("an earlier transaction failed") from self._failed
+            batch, self._waiting = self._waiting, []
+            live: list[_Answer] = []
+            stale: list[_Answer] = []
+            for answer in batch:
+                (live if self._claim(answer.record) else stale).append(answer)
+            if stale:
+                # Their partitions moved (or were taken anew): not ours to answer, and not
+                # ours to mark answered either (a record fetched anew may have the offset).
+                self._drop(stale, "revoked")
+            if live and not self._source.in_group():
+                # Expelled: the partitions are someone else's now, and so are these answers.
+                # They count as answered so that the revocation that follows does not wait
+                # for them; nothing is committed before that revocation forgets them.
+                for answer in live:
+                    self._tracker.done(answer.record.tp, answer.record.offset)
+                self._drop(live, "not_in_group")
+                return
+            if not live:
+                return
+            offsets = await self._commit_answers(live)
+            self._ended = time.monotonic()
+            self._committed.update(offsets)
+            self.transactions += 1
+            for answer in live:
+                if answer.message.code is not None:
+                    self._on_dead_letter(answer.message.code)
+                if not answer.done.done():
+                    answer.done.set_result(True)
+
+    async def _commit_answers(self, live: list[_Answer]) -> dict[TopicPartition, int]:
+        """Write ``live`` in one transaction; the offsets committed with them.
+
+        Any failure aborts the transaction. What the broker refused for good is then
+        handled as at least once handles it, and the transaction tried again: a result or
+        error result that its reply topic refuses (too large for its max.message.bytes,
+        not authorized) becomes a dead letter (reply_failed), and a dead letter the
+        dead-letter topic refuses (the request too large for it) is written without the
+        request's bytes. Any other failure fails the worker (raises TransactionError)."""
+        for attempt in range(_ATTEMPTS):
+            sends: list[Awaitable[object]] = []
+            try:
+                async with asyncio.timeout(self._timeout):
+                    return await self._write(live, sends)
+            except Exception as exc:  # noqa: BLE001 (any failure: abort, then see what failed)
+                error = exc
+            aborted = await self._try_abort()
+            refused = _refused(sends)
+            _discard(sends)
+            fixes = {i: self._instead(live[i], reason) for i, reason in refused.items()}
+            if attempt + 1 == _ATTEMPTS or not aborted or not refused or None in fixes.values():
+                self._fail(error, live)
+                raise TransactionError(f"transaction failed: {type(error).__name__}") from error
+            log.warning(
+                "transaction.aborted",
+                error=type(error).__name__,
+                phase=self._phase,
+                refused=len(refused),
+            )
+            for i, message in fixes.items():
+                assert message is not None
+                live[i].message = message
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _instead(self, answer: _Answer, reason: str) -> _Message | None:
+        """What to send instead of ``answer``'s message, which the broker refused for
+        ``reason``; None if nothing can be."""
+        record, message = answer.record, answer.message
+        where = {"topic": record.topic, "partition": record.partition, "offset": record.offset}
+        if message.code is None:
+            request_id = dict(message.headers).get(CORRELATION_ID, b"").decode()
+            log.warning(
+                "publish.failed",
+                request_id=request_id,
+                reply_to=message.topic,
+                reason=reason,
+                **where,
+            )
+            return self._letter(record, "reply_failed", reason)
+        if message.value:
+            log.warning("dead_letter.value_omitted", reason=reason, **where)
+            omitted = f"{message.reason} (value of {len(message.value)} bytes omitted: {reason})"
+            return self._letter(record, message.code, omitted, value=False)
+        return None
+
+    async def _write(
+        self, live: list[_Answer], sends: list[Awaitable[object]]
+    ) -> dict[TopicPartition, int]:
+        self._phase = "begin"
+        await self._producer.begin()
+        self._phase = "send"
+        for answer in live:
+            m = answer.message
+            sends.append(
+                await self._producer.send(
+                    m.topic, m.value, key=m.key, partition=m.partition, headers=m.headers
+                )
+            )
+        for answer in live:
+            self._tracker.done(answer.record.tp, answer.record.offset)
+        offsets = {
+            tp: offset
+            for tp in self._tracker.partitions()
+            if (offset := self._tracker.committable(tp)) is not None
+            and offset != self._committed.get(tp)
+        }
+        self._phase = "send_offsets"
+        if offsets:
+            await self._producer.send_offsets(offsets, self._group_id)
+        # Every message must be on the broker before the commit: a send that failed would
+        # otherwise be lost while its record's offset is committed.
+        self._phase = "delivery"
+        await asyncio.gather(*sends)
+        self._phase = "commit"
+        await self._producer.commit()
+        return offsets
+
+    async def _try_abort(self) -> bool:
+        try:
+            await asyncio.wait_for(self._producer.abort(), self._timeout)
+        except Exception as exc:  # noqa: BLE001 (the broker aborts it at transaction_timeout_ms)
+            log.warning("transaction.abort_failed", error=type(exc).__name__)
+            return False
+        return True
+
+    def _fail(self, error: BaseException, live: list[_Answer]) -> None:
+        self._failed = error
+        log.error(
+            "transaction.failed",
+            error=type(error).__name__,
+            phase=self._phase,
+            reason=str(error)[:500],
+            answers=len(live),
+            partitions=_names({answer.record.tp for answer in live}),
+        )
+        for answer in [*live, *self._waiting]:
+            if not answer.done.done():
+                answer.done.set_result(False)
+        self._waiting.clear()
+        self._on_fatal(TransactionError(f"transaction failed: {type(error).__name__}"))
+
+    def _claim(self, record: Record) -> bool:
+        """True (once) if ``record`` is the live one of its partition and offset."""
+        live = self._live.get(record.tp)
+        if live is None or live.get(record.offset) is not record:
+            return False
+        del live[record.offset]
+        return True
+
+    def _drop(self, answers: list[_Answer], reason: str) -> None:
+        self.dropped += len(answers)
+        log.info(
+            "answers.dropped",
+            reason=reason,
+            answers=len(answers),
+            partitions=_names({answer.record.tp for answer in answers}),
+        )
+        for answer in answers:
+            if not answer.done.done():
+                answer.done.set_result(True)
+
+
+def _refused(sends: list[Awaitable[object]]) -> dict[int, str]:
+    """Which sends the broker refused, by index, with the reason."""
+    refused: dict[int, str] = {}
+    for index, send in enumerate(sends):
+        if isinstance(send, asyncio.Future) and send.done() and not send.cancelled():
+            error = send.exception()
+            if error is not None:
+                refused[index] = f"{type(error).__name__}: {error}"[:500]
+    return refused
+
+
+def _discard(sends: list[Awaitable[object]]) -> None:
+    """Retrieve the outcome of an aborted transaction's sends (their errors are reported
+    already), so that asyncio does not log each as never retrieved."""
+
+    def retrieve(future: asyncio.Future[object]) -> None:
+        if not future.cancelled():
+            future.exception()
+
+    for send in sends:
+        if isinstance(send, asyncio.Future):
+            if send.done():
+                retrieve(send)
+            else:
+                send.add_done_callback(retrieve)
+
+
+def _names(partitions: Iterable[TopicPartition]) -> list[str]:
+    return sorted(f"{topic}-{partition}" for topic, partition in partitions)
