@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import csv
-import os
 from dataclasses import dataclass
-from pathlib import Path
+
+from worker.quality import stsb_dir
 
 __all__ = ["StsPair", "load_stsb", "mixed_texts", "passages", "stsb_dir", "stsb_sentences"]
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def stsb_dir() -> Path:
-    """STS-B lives in the shared data folder beside the clone (or where KEMBED_STSB_DIR says)."""
-    return Path(os.environ.get("KEMBED_STSB_DIR", ROOT.parent / "shared" / "data" / "stsb"))
 
 
 @dataclass(frozen=True)

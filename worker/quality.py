@@ -32,6 +32,7 @@ __all__ = [
     "judge",
     "load_pairs",
     "spearman",
+    "stsb_dir",
     "validate",
 ]
 
@@ -76,10 +77,14 @@ class QualityReport:
         )
 
 
+def stsb_dir() -> Path:
+    """STS-B lives in the shared data folder beside the clone (or where KEMBED_STSB_DIR says)."""
+    return Path(os.environ.get("KEMBED_STSB_DIR", _ROOT.parent / "shared" / "data" / "stsb"))
+
+
 def default_pairs_path() -> Path:
-    """STS-B test (English): KEMBED_STSB_DIR, else the shared data folder beside the repo."""
-    folder = Path(os.environ.get("KEMBED_STSB_DIR", _ROOT.parent / "shared" / "data" / "stsb"))
-    return folder / "stsb-en-test.csv"
+    """STS-B test, English: the gate's default reference pairs."""
+    return stsb_dir() / "stsb-en-test.csv"
 
 
 def load_pairs(path: Path, limit: int | None = None) -> list[Pair]:

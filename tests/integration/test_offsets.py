@@ -40,7 +40,9 @@ async def test_commit_stops_at_the_first_unanswered_request(
     replies = f"test.offsets.{uuid.uuid4().hex[:6]}"
     kafka.create_topics([TopicSpec(replies, 1)])
     sentences = sorted({p.first for p in load_stsb("en")})
-    long_texts = tuple(" ".join(sentences[i : i + 12]) for i in range(256))
+    # 512 inputs of ~200 tokens: several seconds of fp32 work, so the committed offset can
+    # be sampled between the two answers.
+    long_texts = tuple(" ".join(sentences[i : i + 12]) for i in range(512))
     slow = EmbedRequest(id=f"slow-{uuid.uuid4().hex[:6]}", inputs=long_texts, reply_to=replies)
     fast = EmbedRequest(id=f"fast-{uuid.uuid4().hex[:6]}", inputs=("quick",), reply_to=replies)
     tp = TopicPartition("embed.requests", PARTITION)
@@ -53,19 +55,19 @@ async def test_commit_stops_at_the_first_unanswered_request(
         )
 
     seen_while_slow_pending: list[int] = []
-    answered: dict[str, float] = {}
+    answered: dict[str, int] = {}  # request id -> position of its answer on the topic
     give_up = time.monotonic() + 120
     while slow.id not in answered and time.monotonic() < give_up:
         ids = [r.key.decode() for r in await read_all(kafka.bootstrap_servers, replies)]
-        now = time.monotonic()
-        for request_id in ids:
-            answered.setdefault(request_id, now)
+        answered = {request_id: position for position, request_id in enumerate(ids)}
         if fast.id in answered and slow.id not in answered:
             seen_while_slow_pending.append(
                 await _committed(kafka.bootstrap_servers, "kembed-workers", tp)
             )
         await asyncio.sleep(0.2)
-    assert answered.get(fast.id, 1e18) < answered[slow.id], "the short request finished first"
+    assert answered.get(fast.id, len(answered)) < answered[slow.id], (
+        "the short request finished first"
+    )
     assert seen_while_slow_pending, "the committed offset was sampled while the long one ran"
     assert max(seen_while_slow_pending) <= slow_at.offset, (seen_while_slow_pending, slow_at)
 
