@@ -100,6 +100,8 @@ class EmbedClient:
         truncate: bool = ...,
         dimensions: int | None = ...,
         prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
         encoding: Literal["float32"] = ...,
     ) -> npt.NDArray[np.float32]: ...
 
@@ -114,6 +116,8 @@ class EmbedClient:
         truncate: bool = ...,
         dimensions: int | None = ...,
         prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
         encoding: Literal["float16"],
     ) -> npt.NDArray[np.float16]: ...
 
@@ -128,6 +132,8 @@ class EmbedClient:
         truncate: bool = ...,
         dimensions: int | None = ...,
         prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
         encoding: Literal["int8"],
     ) -> npt.NDArray[np.int8]: ...
 
@@ -142,6 +148,8 @@ class EmbedClient:
         truncate: bool = ...,
         dimensions: int | None = ...,
         prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
         encoding: Literal["binary"],
     ) -> npt.NDArray[np.uint8]: ...
 
@@ -156,6 +164,8 @@ class EmbedClient:
         truncate: bool = ...,
         dimensions: int | None = ...,
         prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
         encoding: Encoding | str,
     ) -> npt.NDArray[Any]: ...
 
@@ -169,6 +179,8 @@ class EmbedClient:
         truncate: bool = True,
         dimensions: int | None = None,
         prompt: str | None = None,
+        prompt_name: str | None = None,
+        truncation_direction: Literal["right", "left"] | None = None,
         encoding: Encoding | str = Encoding.FLOAT32,
     ) -> npt.NDArray[Any]:
         """Embed ``texts``; one row per text, in input order.
@@ -177,6 +189,12 @@ class EmbedClient:
         (len(texts), dim) floats, int8 (len(texts), dim) codes (divide by 127 for normalized
         vectors; :meth:`embed_result` also gives the scales), binary (len(texts),
         ceil(dim / 8)) uint8 packed sign bits (:func:`producer_sdk.unpack_bits`).
+
+        ``prompt`` is text put before every input; ``prompt_name`` picks one of the model's
+        named prompts instead (see ``client.models()``); with neither, the model's default
+        prompt applies, if it has one. ``truncation_direction`` says which end of an input
+        longer than the model's maximum is cut (default: the model's setting, usually
+        ``right``, keeping the beginning).
 
         Raises EmbedError (with the wire ``code``) when the worker rejects the request,
         EmbedTimeoutError when no result arrives within ``timeout`` seconds, and
@@ -191,6 +209,8 @@ class EmbedClient:
             truncate=truncate,
             dimensions=dimensions,
             prompt=prompt,
+            prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
             encoding=encoding,
         )
         return result.vectors
@@ -205,6 +225,8 @@ class EmbedClient:
         truncate: bool = True,
         dimensions: int | None = None,
         prompt: str | None = None,
+        prompt_name: str | None = None,
+        truncation_direction: Literal["right", "left"] | None = None,
         encoding: Encoding | str = Encoding.FLOAT32,
     ) -> Embeddings:
         """Like :meth:`embed`, but the whole result: vectors, int8 scales, tokens, model."""
@@ -214,6 +236,12 @@ class EmbedClient:
             raise ValueError("texts must not be empty")
         if encoding not in _ENCODING_NAMES:
             raise ValueError(f"encoding must be one of {', '.join(Encoding)}, not {encoding!r}")
+        if prompt is not None and prompt_name is not None:
+            raise ValueError("give prompt (the text) or prompt_name (a model's prompt), not both")
+        if truncation_direction not in (None, "right", "left"):
+            raise ValueError(
+                f"truncation_direction must be 'right' or 'left', not {truncation_direction!r}"
+            )
         if not self._started:
             raise ClientClosedError("the client is not started; use 'async with'")
         if (failure := self._transport.failure) is not None:
@@ -228,6 +256,8 @@ class EmbedClient:
             dimensions=dimensions,
             encoding=Encoding(encoding),
             prompt=prompt,
+            prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
             deadline_ms=int((time.time() + wait) * 1000),
             reply_to=self.config.reply_topic,
             reply_partition=self.reply_partition,
