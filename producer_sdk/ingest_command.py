@@ -163,8 +163,9 @@ def _stopped(exc: IngestError) -> str:
         reason = f"cannot read input: {cause}"
     if done.documents:
         return (
-            f"{reason}\nkembed ingest: {done.documents:,} documents in {done.requests:,} "
-            "requests were acknowledged before it stopped; they will be answered"
+            f"{reason}\nkembed ingest: {_count(done.documents, 'document')} in "
+            f"{_count(done.requests, 'request')} were acknowledged before it stopped; "
+            "they will be answered"
         )
     return f"{reason} (nothing was sent)"
 
@@ -178,7 +179,7 @@ def _kafka_failure(exc: BaseException, bootstrap_servers: str) -> str:
 def _report_skipped(reader: JsonlReader, err: TextIO) -> None:
     if not reader.skipped:
         return
-    print(f"kembed ingest: skipped {reader.skipped:,} invalid lines", file=err)
+    print(f"kembed ingest: skipped {_count(reader.skipped, 'invalid line')}", file=err)
     for error in reader.errors:
         print(f"  {error}", file=err)
     if reader.skipped > len(reader.errors):
@@ -188,14 +189,19 @@ def _report_skipped(reader: JsonlReader, err: TextIO) -> None:
 def _summary_line(command: IngestCommand, summary: IngestSummary, reader: JsonlReader) -> str:
     reply_to = command.reply_to or "embed.results"
     line = (
-        f"ingested {summary.documents:,} documents in {summary.requests:,} requests "
+        f"ingested {_count(summary.documents, 'document')} in "
+        f"{_count(summary.requests, 'request')} "
         f"({format_bytes(summary.bytes)} of text) to {command.topic} in "
         f"{summary.seconds:.1f} s ({summary.documents_per_second:,.0f} docs/s); "
         f"answers go to {reply_to}"
     )
     if reader.skipped:
-        line += f"; skipped {reader.skipped:,} invalid lines"
+        line += f"; skipped {_count(reader.skipped, 'invalid line')}"
     return line
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 @contextlib.contextmanager

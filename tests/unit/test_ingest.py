@@ -466,3 +466,22 @@ def test_cli_refuses_a_bad_reply_topic_and_batch_size(
     with pytest.raises(SystemExit) as caught:
         main(["ingest", str(path), "--batch-size", "0"])
     assert caught.value.code == 2
+
+
+def test_command_exits_1_when_kafka_cannot_be_reached(tmp_path: Path) -> None:
+    """Nothing listens on the port: status 1 and one line saying so, not a traceback."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"id": 1, "text": "a"}\n', encoding="utf-8")
+    err, out = io.StringIO(), io.StringIO()
+    status = run_ingest_command(
+        IngestCommand(str(path)), f"127.0.0.1:{port}", {}, stdout=out, stderr=err
+    )
+    assert status == 1
+    assert f"127.0.0.1:{port}" in err.getvalue()
+    assert "Traceback" not in err.getvalue()
+    assert out.getvalue() == ""
