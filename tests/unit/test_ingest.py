@@ -129,7 +129,7 @@ def test_reader_from_a_path_tracks_its_position(tmp_path: Path) -> None:
     assert JsonlReader(io.BytesIO(b"")).total_bytes is None
 
 
-# ------------------------------------------------------------------------- ingest helper
+# ------------------------------------------------------------------------------- ingest()
 
 
 class FakeClient:
