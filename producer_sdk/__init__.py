@@ -1,5 +1,6 @@
 """kembed producer SDK: ``vectors = await client.embed(texts)`` over Kafka."""
 
+from producer_sdk.catalog import CatalogModel, CatalogUnavailableError
 from producer_sdk.client import EmbedClient
 from producer_sdk.config import ClientConfig
 from producer_sdk.encodings import (
@@ -23,6 +24,8 @@ from schemas import Encoding
 __all__ = [
     "AuthenticationError",
     "AuthorizationError",
+    "CatalogModel",
+    "CatalogUnavailableError",
     "ClientClosedError",
     "ClientConfig",
     "EmbedClient",

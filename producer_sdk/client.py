@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from producer_sdk.catalog import CatalogModel, Lane, ModelRouter, read_catalog
 from producer_sdk.config import ClientConfig
 from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import (
@@ -56,6 +57,11 @@ class EmbedClient:
         self.config = ClientConfig(bootstrap_servers=bootstrap_servers, **options)
         self._pending = PendingCalls()
         self._transport = Transport(self.config, self._on_reply, self._on_failure)
+        self._router = ModelRouter(
+            self.models if self.config.catalog_topic else None,
+            refresh_s=self.config.catalog_refresh_s,
+            overrides=self.config.model_topics,
+        )
         self._started = False
 
     async def __aenter__(self) -> EmbedClient:
@@ -78,6 +84,7 @@ class EmbedClient:
         if self._started:
             self._started = False
             self._pending.fail_all(ClientClosedError("the client was closed"))
+            await self._router.close()
             await self._transport.stop()
 
     @property
@@ -88,6 +95,25 @@ class EmbedClient:
     def dropped_results(self) -> int:
         """Results received but not waited for: late, duplicate, or another client's."""
         return self._pending.dropped
+
+    async def models(self, timeout: float | None = None) -> list[CatalogModel]:
+        """The models live workers announce on the catalog topic, one entry per model name
+        (merged over its workers), sorted by name. Reads the topic now (and refreshes the
+        routing cache with it). Raises CatalogUnavailableError when Kafka does not answer
+        within ``timeout`` (default ``catalog_timeout``), ValueError when the client has
+        no ``catalog_topic``."""
+        models = await read_catalog(self.config, timeout=timeout)
+        self._router.update(models)
+        return models
+
+    async def request_topic(self, model: str | None, lane: Lane = "interactive") -> str:
+        """The topic a request for ``model`` goes to: ``model_topics``, else the topic the
+        catalog names for it (by name or alias), else the configured ``requests_topic``."""
+        if model is not None:
+            current = self.config.requests_topic
+            if (topic := await self._router.topic_for(model, lane, current)) is not None:
+                return topic
+        return self.config.requests_topic
 
     @overload
     async def embed(
@@ -232,7 +258,8 @@ class EmbedClient:
             reply_to=self.config.reply_topic,
             reply_partition=self.reply_partition,
         )
-        result = await self._call(request, wait)
+        topic = await self.request_topic(request.model)
+        result = await self._call(request, wait, topic)
         if isinstance(result, ErrorResult):
             raise EmbedError(
                 str(result.error.code),
@@ -244,12 +271,12 @@ class EmbedClient:
             raise UnexpectedEncodingError(request.id, str(request.encoding), str(result.dtype))
         return Embeddings.from_result(result)
 
-    async def _call(self, request: EmbedRequest, timeout: float) -> Any:
+    async def _call(self, request: EmbedRequest, timeout: float, topic: str | None = None) -> Any:
         future = self._pending.add(request.id)
         headers = routing_headers(request.id, request.reply_to, request.reply_partition)
         try:
             async with asyncio.timeout(timeout):
-                await self._transport.send(encode_request(request), headers)
+                await self._transport.send(encode_request(request), headers, topic)
                 return await future
         except TimeoutError:
             raise EmbedTimeoutError(request.id, timeout) from None

@@ -100,16 +100,18 @@ class Transport:
         await self._consumer.stop()
         await self._producer.stop()
 
-    async def send(self, value: bytes, headers: Sequence[tuple[str, bytes]]) -> None:
-        """Return once the request is durably in Kafka (acknowledged by all in-sync replicas).
+    async def send(
+        self, value: bytes, headers: Sequence[tuple[str, bytes]], topic: str | None = None
+    ) -> None:
+        """Return once the request is durably in Kafka (acknowledged by all in-sync replicas),
+        on ``topic`` (default: the configured request topic).
 
         Raises AuthorizationError at once if the request topic may not be written."""
+        topic = topic or self._config.requests_topic
         try:
-            await self._producer.send_and_wait(
-                self._config.requests_topic, value, headers=list(headers)
-            )
+            await self._producer.send_and_wait(topic, value, headers=list(headers))
         except TopicAuthorizationFailedError:
-            raise self._denied("write", self._config.requests_topic) from None
+            raise self._denied("write", topic) from None
 
     def _denied(self, operation: str, topic: str) -> AuthorizationError:
         return AuthorizationError(self._principal, operation, topic)

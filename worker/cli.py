@@ -4,6 +4,7 @@
     kembed embed TEXT [TEXT ...]       embed texts through Kafka and print JSON
     kembed validate [--flag value ...] the quality gate: this precision against fp32
     kembed status [--json]             the consumer group: members, assignment, lag
+    kembed models [--json]             the models live workers announce (the catalog)
 
 Worker flags are generated from :class:`~worker.settings.WorkerSettings`, so a setting, its
 env var and its flag can never drift apart; a flag given on the command line wins over the
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from schemas import Encoding
+from worker.catalog_cli import add_models_command
 from worker.settings import (
     SECURITY_FIELDS,
     KafkaClientSettings,
@@ -138,6 +140,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     status.set_defaults(handler=_run_status)
+    add_models_command(
+        commands, _add_settings_flags, lambda a: _settings(KafkaClientSettings, a, "models")
+    )
     return parser
 
 
