@@ -2,7 +2,7 @@
 
 Workers announce each model they serve on a compacted topic (``embed.models``; the card
 format is in ``schemas/README.md``, "Model catalog"). :func:`read_catalog` reads that topic
-from its beginning up to the end offsets it saw when called (assigned partitions, no
+from its beginning up to the end offsets it saw when called (every partition, no
 consumer group), keeps the latest card per key, drops tombstoned and stale cards, and
 merges the cards of one model name over the workers that serve it (:func:`merge_cards`).
 :class:`ModelRouter` caches the result for :class:`~producer_sdk.EmbedClient`, which sends a
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAuthorizationFailedError
 
 from producer_sdk.config import ClientConfig
@@ -185,6 +185,10 @@ async def _read_cards(config: ClientConfig, topic: str) -> dict[bytes, ModelCard
         group_id=None,
         enable_auto_commit=False,
         isolation_level=config.isolation_level,
+        auto_offset_reset="earliest",
+        # The broker answers a connection's requests in order, so an idle long-poll fetch
+        # would hold up the offset look-ups behind it for its whole wait.
+        fetch_max_wait_ms=20,
     )
     try:
         try:
@@ -196,11 +200,13 @@ async def _read_cards(config: ClientConfig, topic: str) -> dict[bytes, ModelCard
             ) from None
         try:
             if topic not in await consumer.topics():
-                return {}
-            partitions = [
-                TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
-            ]
-            consumer.assign(partitions)
+                return {}  # not created yet: nothing announced (and reading must not create it)
+            # Without a group, a subscription is assigned every partition of the topic by the
+            # consumer itself: no coordinator, no rebalance, nothing committed.
+            consumer.subscribe([topic])
+            while not consumer.assignment():  # noqa: ASYNC110 (aiokafka has no event for it)
+                await asyncio.sleep(0.01)
+            partitions = sorted(consumer.assignment())
             await consumer.seek_to_beginning(*partitions)
             end = await consumer.end_offsets(partitions)
             cards: dict[bytes, ModelCard] = {}
@@ -222,6 +228,9 @@ async def _read_cards(config: ClientConfig, topic: str) -> dict[bytes, ModelCard
                 f"cannot read catalog topic {topic!r}: {type(exc).__name__}"
             ) from None
     finally:
+        # aiokafka 0.14 raises CancelledError when a consumer stops before its background
+        # task first ran; one turn of the loop lets it start.
+        await asyncio.sleep(0)
         await consumer.stop()
 
 
