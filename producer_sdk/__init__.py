@@ -1,6 +1,6 @@
 """kembed producer SDK: ``vectors = await client.embed(texts)`` over Kafka."""
 
-from producer_sdk.catalog import CatalogModel, CatalogUnavailableError
+from producer_sdk.catalog import CatalogModel
 from producer_sdk.client import EmbedClient
 from producer_sdk.config import ClientConfig
 from producer_sdk.encodings import (
@@ -12,6 +12,7 @@ from producer_sdk.encodings import (
 from producer_sdk.errors import (
     AuthenticationError,
     AuthorizationError,
+    CatalogUnavailableError,
     ClientClosedError,
     EmbedError,
     EmbedTimeoutError,

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAuthorizationFailedError
 
 from producer_sdk.config import ClientConfig
-from producer_sdk.errors import AuthorizationError, KembedError
+from producer_sdk.errors import AuthorizationError, CatalogUnavailableError
 from producer_sdk.security import client_options, diagnose_login, principal_of
 from schemas import SchemaError
 from schemas.catalog import ModelCard, decode_card
@@ -42,10 +42,6 @@ __all__ = [
 log = structlog.get_logger("kembed.sdk.catalog")
 
 Lane = Literal["interactive", "bulk"]
-
-
-class CatalogUnavailableError(KembedError):
-    """The catalog topic could not be read (no broker answered, or not within the timeout)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ Exception tree::
     ├── EmbedTimeoutError        no result within the timeout (also a ``TimeoutError``)
     ├── UnexpectedEncodingError  the result is not in the encoding asked for
     ├── ClientClosedError        the client was closed while the call waited
+    ├── CatalogUnavailableError  the model catalog could not be read (``models()``)
     └── KafkaAccessError         Kafka refused this client; retrying will not help
         ├── AuthenticationError  the login (SASL) or the TLS handshake was rejected
         └── AuthorizationError   the client's principal lacks an ACL on a topic
@@ -21,6 +22,7 @@ from schemas import ErrorCode
 __all__ = [
     "AuthenticationError",
     "AuthorizationError",
+    "CatalogUnavailableError",
     "ClientClosedError",
     "EmbedError",
     "EmbedTimeoutError",
@@ -112,3 +114,7 @@ class AuthorizationError(KafkaAccessError):
         self.principal = principal
         self.operation = operation
         self.topic = topic
+
+
+class CatalogUnavailableError(KembedError):
+    """The model catalog topic could not be read: no broker answered, or not in time."""
