@@ -63,6 +63,8 @@ class CatalogModel:
     """Where requests for it go: the topic most of its workers read."""
     bulk_topic: str | None
     group_id: str
+    topics: tuple[str, ...]
+    """Every request topic (either lane) a live worker of this model reads, sorted."""
     workers: int
     """Live worker instances announcing it (on any topic)."""
     instances: tuple[str, ...]
@@ -112,6 +114,8 @@ def merge_cards(cards: Iterable[ModelCard], now_ms: int) -> list[CatalogModel]:
             aliases.update(dict.fromkeys(card.aliases))
         aliases.pop(name, None)
         instances = sorted({card.instance for card in group})
+        topics = {card.requests_topic for card in group}
+        topics.update(card.bulk_topic for card in group if card.bulk_topic)
         models.append(
             CatalogModel(
                 name=name,
@@ -127,6 +131,7 @@ def merge_cards(cards: Iterable[ModelCard], now_ms: int) -> list[CatalogModel]:
                 requests_topic=chosen.requests_topic,
                 bulk_topic=chosen.bulk_topic,
                 group_id=chosen.group_id,
+                topics=tuple(sorted(topics)),
                 workers=len(instances),
                 instances=tuple(instances),
                 announced_ms=max(card.announced_ms for card in group),
@@ -278,8 +283,8 @@ class ModelRouter:
     ) -> str | None:
         """The topic to send a request for ``model`` to; None when neither an override nor
         the catalog names one (the caller then uses its configured topic). ``current``,
-        the caller's configured topic, is kept when the catalog lists it for the model (a
-        client configured for the bulk lane stays on it)."""
+        the caller's configured topic, is kept when a live worker of the model reads it (a
+        client configured for the bulk lane, or for its own fleet's topic, stays on it)."""
         if model in self._overrides:
             return self._overrides[model]
         if self._read is None:
@@ -292,7 +297,7 @@ class ModelRouter:
                 entry = resolve(self._models, model)
         if entry is None:
             return None
-        if current is not None and current in (entry.requests_topic, entry.bulk_topic):
+        if current is not None and current in entry.topics:
             return current
         return entry.topic(lane)
 

@@ -85,6 +85,7 @@ def test_when_workers_disagree_the_majority_topic_wins() -> None:
     assert m.requests_topic == "old.topic"
     assert m.dim == 100  # the newest card on that topic
     assert m.workers == 3
+    assert m.topics == ("embed.requests.bulk", "new.topic", "old.topic")
     # One each: the most recent announcement breaks the tie.
     (m,) = merge_cards(cards[1:], NOW)
     assert (m.requests_topic, m.dim) == ("new.topic", 200)
@@ -193,6 +194,12 @@ async def test_router_keeps_a_configured_topic_the_model_is_served_on() -> None:
     assert await router.topic_for("m", current="m.bulk") == "m.bulk"
     assert await router.topic_for("m", current="embed.requests") == "m.fast"
     assert await router.topic_for("m", "bulk", current="embed.requests") == "m.bulk"
+    # Another fleet serves m on its own topic: a client configured for it stays there.
+    fake.cards.append(card("m", "w2", requests_topic="own.fleet", bulk_topic=None))
+    fake.now += 10
+    await router.topic_for("x")  # a miss: re-read
+    assert await router.topic_for("m", current="own.fleet") == "own.fleet"
+    assert await router.topic_for("m", current="embed.requests") == "m.fast"
 
 
 class RecordingProducer:
