@@ -1,6 +1,7 @@
 """kembed producer SDK: ``vectors = await client.embed(texts)`` over Kafka, and
 ``await client.submit(texts, keys=ids)`` / ``ingest(client, documents)`` for ingestion."""
 
+from producer_sdk.catalog import CatalogModel
 from producer_sdk.client import EmbedClient
 from producer_sdk.config import ClientConfig
 from producer_sdk.encodings import (
@@ -12,6 +13,7 @@ from producer_sdk.encodings import (
 from producer_sdk.errors import (
     AuthenticationError,
     AuthorizationError,
+    CatalogUnavailableError,
     ClientClosedError,
     EmbedError,
     EmbedTimeoutError,
@@ -27,6 +29,8 @@ from schemas import Encoding
 __all__ = [
     "AuthenticationError",
     "AuthorizationError",
+    "CatalogModel",
+    "CatalogUnavailableError",
     "ClientClosedError",
     "ClientConfig",
     "EmbedClient",

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from producer_sdk.catalog import CatalogModel, Lane, ModelRouter, read_catalog
 from producer_sdk.config import ClientConfig
 from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import (
@@ -65,6 +66,11 @@ class EmbedClient:
         self.config = ClientConfig(bootstrap_servers=bootstrap_servers, **options)
         self._pending = PendingCalls()
         self._transport = Transport(self.config, self._on_reply, self._on_failure)
+        self._router = ModelRouter(
+            self.models if self.config.catalog_topic else None,
+            refresh_s=self.config.catalog_refresh_s,
+            overrides=self.config.model_topics,
+        )
         self._started = False
 
     async def __aenter__(self) -> EmbedClient:
@@ -87,6 +93,7 @@ class EmbedClient:
         if self._started:
             self._started = False
             self._pending.fail_all(ClientClosedError("the client was closed"))
+            await self._router.close()
             await self._transport.stop()
 
     @property
@@ -97,6 +104,26 @@ class EmbedClient:
     def dropped_results(self) -> int:
         """Results received but not waited for: late, duplicate, or another client's."""
         return self._pending.dropped
+
+    async def models(self, timeout: float | None = None) -> list[CatalogModel]:
+        """The models live workers announce on the catalog topic, one entry per model name
+        (merged over its workers), sorted by name. Reads the topic now (and refreshes the
+        routing cache with it). Raises CatalogUnavailableError when Kafka does not answer
+        within ``timeout`` (default ``catalog_timeout``), ValueError when the client has
+        no ``catalog_topic``."""
+        models = await read_catalog(self.config, timeout=timeout)
+        self._router.update(models)
+        return models
+
+    async def request_topic(self, model: str | None, lane: Lane = "interactive") -> str:
+        """The topic a request for ``model`` goes to in ``lane``: ``model_topics``, else the
+        topic the catalog names for it (by name or alias), else the configured
+        ``requests_topic`` (``bulk_topic`` for the bulk lane)."""
+        configured = self.config.bulk_topic if lane == "bulk" else self.config.requests_topic
+        if model is None:
+            return configured
+        topic = await self._router.topic_for(model, lane, configured)
+        return configured if topic is None else topic
 
     @overload
     async def embed(
@@ -264,7 +291,8 @@ class EmbedClient:
             reply_to=self.config.reply_topic,
             reply_partition=self.reply_partition,
         )
-        result = await self._call(request, wait)
+        topic = await self.request_topic(request.model)
+        result = await self._call(request, wait, topic)
         if isinstance(result, ErrorResult):
             raise EmbedError(
                 str(result.error.code),
@@ -330,7 +358,7 @@ class EmbedClient:
         if dimensions is not None and (isinstance(dimensions, bool) or dimensions < 1):
             raise ValueError(f"dimensions must be a positive integer, not {dimensions!r}")
         self._check_started()
-        topic = self.config.bulk_topic if bulk else self.config.requests_topic
+        topic = await self.request_topic(request.model, "bulk" if bulk else "interactive")
         await self._send(request, topic)
         return request.id
 
@@ -403,11 +431,11 @@ class EmbedClient:
         headers = routing_headers(request.id, request.reply_to, request.reply_partition)
         await self._transport.send(value, headers, topic)
 
-    async def _call(self, request: EmbedRequest, timeout: float) -> Any:
+    async def _call(self, request: EmbedRequest, timeout: float, topic: str | None = None) -> Any:
         future = self._pending.add(request.id)
         try:
             async with asyncio.timeout(timeout):
-                await self._send(request, self.config.requests_topic)
+                await self._send(request, topic or self.config.requests_topic)
                 return await future
         except TimeoutError:
             raise EmbedTimeoutError(request.id, timeout) from None

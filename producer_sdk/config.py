@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import SecretStr
@@ -35,6 +36,16 @@ class ClientConfig:
     """The reply partition this client reads; None picks one at random at start."""
     model: str | None = None
     """Model to ask for; None lets the worker use the model it serves."""
+    catalog_topic: str | None = "embed.models"
+    """The workers' model catalog: a call naming a model is sent to the topic its workers
+    announce there (see ``producer_sdk.catalog``); None turns discovery off."""
+    model_topics: Mapping[str, str] = field(default_factory=dict)
+    """Request topic per model name or alias, over the catalog."""
+    catalog_refresh_s: float = 10.0
+    """How old the cached catalog may get before a call naming a model re-reads it (at most
+    one read per this many seconds)."""
+    catalog_timeout: float = 5.0
+    """Seconds a catalog read may take."""
     timeout: float = 30.0
     """Default seconds an ``embed`` call waits for its result."""
     client_id: str = "kembed-client"
@@ -76,6 +87,10 @@ class ClientConfig:
                 f"isolation_level must be read_uncommitted or read_committed, "
                 f"not {self.isolation_level!r}"
             )
+        for name in ("catalog_refresh_s", "catalog_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        object.__setattr__(self, "model_topics", dict(self.model_topics))
         for name in ("sasl_password", "ssl_password"):
             value = getattr(self, name)
             if isinstance(value, str):

@@ -9,6 +9,7 @@ Exception tree::
     ├── ClientClosedError        the client was closed while the call waited
     ├── RequestTooLargeError     the encoded request exceeds max_request_bytes (a ValueError)
     ├── IngestError              ``ingest()`` stopped; ``summary`` says what was sent before
+    ├── CatalogUnavailableError  the model catalog could not be read (``models()``)
     └── KafkaAccessError         Kafka refused this client; retrying will not help
         ├── AuthenticationError  the login (SASL) or the TLS handshake was rejected
         └── AuthorizationError   the client's principal lacks an ACL on a topic
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AuthenticationError",
     "AuthorizationError",
+    "CatalogUnavailableError",
     "ClientClosedError",
     "EmbedError",
     "EmbedTimeoutError",
@@ -156,3 +158,7 @@ class AuthorizationError(KafkaAccessError):
         self.principal = principal
         self.operation = operation
         self.topic = topic
+
+
+class CatalogUnavailableError(KembedError):
+    """The model catalog topic could not be read: no broker answered, or not in time."""

@@ -93,11 +93,19 @@ class TopicSpec:
 # with message_too_large instead of being refused by the broker with no answer at all.
 _LARGE_MESSAGES = {"max.message.bytes": str(8 * 1024 * 1024)}
 
+# The model catalog keeps the latest card per key (compact) and drops what a day has not
+# refreshed (delete): workers re-announce every 30 s, so a day-old card is long dead.
+CATALOG_TOPIC_CONFIG = {
+    "cleanup.policy": "compact,delete",
+    "retention.ms": str(24 * 60 * 60 * 1000),
+}
+
 DEFAULT_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("embed.requests", 4, _LARGE_MESSAGES),
     TopicSpec("embed.results", 8),
     TopicSpec("embed.requests.bulk", 4, _LARGE_MESSAGES),
     TopicSpec("embed.requests.dlq", 1, _LARGE_MESSAGES),
+    TopicSpec("embed.models", 1, CATALOG_TOPIC_CONFIG),
 )
 
 

@@ -19,6 +19,10 @@ __all__ = ["ROOT", "StsPair", "WorkerProcess", "load_stsb"]
 # ~25 s per worker start, and the compiled path has its own tests (the bf16 worker in
 # test_performance_paths, the encoder in test_models).
 os.environ.setdefault("KEMBED_TORCH_COMPILE", "off")
+# Test workers announce no models unless a test asks (test_multi_model's catalog test): the
+# suite runs many workers on one broker, serving the same model names on different topics,
+# and SIGKILLed ones leave cards that stay live for three intervals.
+os.environ.setdefault("KEMBED_CATALOG_TOPIC", "")
 
 
 @pytest.fixture(scope="session")

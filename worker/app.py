@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from worker.encoder import Encoder, ModelInfo
+from worker.kafka.catalog import MODEL_FIELDS, start_announcer
 from worker.kafka.publisher import KafkaPublisher, KafkaTransactionalPublisher
 from worker.kafka.security import client_options
 from worker.kafka.source import KafkaSource
@@ -265,21 +266,27 @@ async def _load_and_run(
     probes.pipeline = pipeline
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _stop, pipeline, probes, sig)
-    await source.start(pipeline.on_revoked, pipeline.on_assigned)
-    probes.phase = "serving"
-    log.info(
-        "worker.started",
-        topics=interactive_topics,
-        bulk_topics=bulk_topics,
-        models=[model.name for model in models],
-        group_id=settings.group_id,
-        delivery=settings.delivery,
-    )
+    cards = [{key: model[key] for key in MODEL_FIELDS} for model in info["models"]]
+    announcer = await start_announcer(settings, cards, security)
     try:
-        await pipeline.run()
+        await source.start(pipeline.on_revoked, pipeline.on_assigned)
+        probes.phase = "serving"
+        log.info(
+            "worker.started",
+            topics=interactive_topics,
+            bulk_topics=bulk_topics,
+            models=[model.name for model in models],
+            group_id=settings.group_id,
+            delivery=settings.delivery,
+        )
+        try:
+            await pipeline.run()
+        finally:
+            probes.phase = "stopped"
+            await source.stop()
     finally:
-        probes.phase = "stopped"
-        await source.stop()
+        if announcer is not None:
+            await announcer.stop()  # tombstones: the models leave the catalog at once
 
 
 def _distinct_names(models: list[ServedModel], settings: WorkerSettings) -> list[ServedModel]:

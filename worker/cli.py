@@ -5,6 +5,7 @@
     kembed validate [--flag value ...] the quality gate: this precision against fp32
     kembed status [--json]             the consumer group: members, assignment, lag
     kembed ingest FILE.jsonl [...]     submit documents to the bulk lane (answers to --reply-to)
+    kembed models [--json]             the models live workers announce (the catalog)
 
 Worker flags are generated from :class:`~worker.settings.WorkerSettings`, so a setting, its
 env var and its flag can never drift apart; a flag given on the command line wins over the
@@ -28,6 +29,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from schemas import Encoding
+from worker.catalog_cli import add_models_command
 from worker.settings import (
     SECURITY_FIELDS,
     KafkaClientSettings,
@@ -184,6 +186,9 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_settings_flags(ingest, KafkaClientSettings)
     ingest.set_defaults(handler=_run_ingest)
+    add_models_command(
+        commands, _add_settings_flags, lambda a: _settings(KafkaClientSettings, a, "models")
+    )
     return parser
 
 

@@ -254,6 +254,18 @@ class WorkerSettings(KafkaClientSettings):
         description="Producer linger.ms for results. 0 answers interactive callers soonest; "
         "a few ms packs more results per produce request under heavy load.",
     )
+    catalog_topic: str = Field(
+        "embed.models",
+        description="Compacted topic where the worker announces each model it serves (name, "
+        "aliases, dimension, request topics, ...), so that clients can list the models and "
+        "route requests by model. Empty: no announcements.",
+    )
+    catalog_interval_s: float = Field(
+        30.0,
+        gt=0,
+        description="How often the worker re-announces its models. Readers drop a model card "
+        "not refreshed within 3 intervals (a worker that died without withdrawing it).",
+    )
 
     # ------------------------------------------------------------------ model
     model: str = Field(

@@ -203,16 +203,27 @@ async def test_a_fleet_splits_models_across_workers(
     kafka: LocalKafka, tmp_path: Path, model_dir: Path
 ) -> None:
     """Two workers in one consumer group, each serving one model on its own topic: each
-    topic's partitions go to the worker that serves its model, and each model's requests
-    are answered by that worker."""
+    topic's partitions go to the worker that serves its model. Both announce their model
+    on the catalog: a client lists them, and a client configured for neither topic reaches
+    each model by name or alias. A worker that stops takes its model off the list."""
     tag = uuid.uuid4().hex[:6]
     mean_topic, cls_topic = f"test.split.mean.{tag}", f"test.split.cls.{tag}"
-    kafka.create_topics([TopicSpec(mean_topic, 2), TopicSpec(cls_topic, 2)])
+    catalog, results = f"test.split.catalog.{tag}", f"test.split.results.{tag}"
+    kafka.create_topics(
+        [
+            TopicSpec(mean_topic, 2),
+            TopicSpec(cls_topic, 2),
+            TopicSpec(catalog, 1, {"cleanup.policy": "compact,delete"}),
+            TopicSpec(f"test.split.none.{tag}", 1),
+            TopicSpec(results, 2),
+        ]
+    )
     common: dict[str, Any] = {
         "dtype": "float32",
         "bulk_topic": "",
-        "results_topic": RESULTS,
+        "results_topic": results,
         "group_id": f"split-{tag}",
+        "catalog_topic": catalog,
     }
     mean_worker = WorkerProcess(
         kafka.bootstrap_servers,
@@ -228,19 +239,34 @@ async def test_a_fleet_splits_models_across_workers(
         requests_topic=cls_topic,
         **common,
     )
+    options: dict[str, Any] = {"reply_topic": results, "catalog_topic": catalog}
     try:
         mean_worker.wait_ready()
         cls_worker.wait_ready()
-        async with _client(kafka, mean_topic) as client:
-            mean = await client.embed_result(TEXTS, timeout=60)
-        async with _client(kafka, cls_topic) as client:
+        # Configured for a topic no worker reads: every call below is routed by the catalog.
+        async with EmbedClient(
+            kafka.bootstrap_servers, requests_topic=f"test.split.none.{tag}", **options
+        ) as client:
+            listed = {model.name: model for model in await client.models()}
+            mean = await client.embed_result(TEXTS, model="minilm", timeout=60)
             cls = await client.embed_result(TEXTS, model="cls", timeout=60)
+        assert sorted(listed) == ["minilm", "minilm-cls"]
+        assert (listed["minilm"].workers, listed["minilm-cls"].workers) == (1, 1)
+        assert listed["minilm"].requests_topic == mean_topic
+        assert listed["minilm-cls"].requests_topic == cls_topic
+        assert "cls" in listed["minilm-cls"].aliases
+        assert listed["minilm-cls"].pooling == "cls"
+        assert listed["minilm"].prompts == PROMPTS
         assert (mean.model, cls.model) == ("minilm", "minilm-cls")
         assert min(_cosines(cls.vectors, _reference(model_dir, TEXTS, pooling="cls"))) > 0.9999
         for worker, topic in ((mean_worker, mean_topic), (cls_worker, cls_topic)):
             assigned = [e for e in worker.events() if e.get("event") == "partitions.assigned"]
             partitions = {p for event in assigned for p in event["partitions"]}
             assert partitions == {f"{topic}-0", f"{topic}-1"}, (worker, partitions)
+        assert cls_worker.stop() == 0
+        async with EmbedClient(kafka.bootstrap_servers, **options) as client:
+            after = [model.name for model in await client.models()]
+        assert after == ["minilm"]
     finally:
         assert mean_worker.stop() == 0
-        assert cls_worker.stop() == 0
+        cls_worker.stop()
