@@ -1,0 +1,184 @@
+"""Helpers for the sink's integration tests: a real ``kembed sink`` process, document
+requests sent through Kafka to the real worker, and waiting until a sink has drained."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from schemas import EmbedRequest, Encoding, encode_request
+from schemas.headers import routing_headers
+from scripts.worker_process import ROOT, WorkerProcess
+
+BULK_TOPIC = "embed.requests.bulk"
+
+
+class SinkProcess(WorkerProcess):
+    """A real ``kembed sink`` process (``python -m worker.cli sink``), its JSON log
+    captured; ``settings`` become ``KEMBED_SINK_*`` variables."""
+
+    def __init__(self, bootstrap_servers: str, log_path: Path, **settings: Any) -> None:
+        self.log_path = log_path
+        env = {
+            **os.environ,
+            "KEMBED_BOOTSTRAP_SERVERS": bootstrap_servers,
+            "KEMBED_SINK_LOG_FORMAT": "json",
+            "KEMBED_SINK_HTTP_PORT": "0",
+            # A restarted sink rejoins its group without waiting 45 s for a killed one.
+            "KEMBED_SINK_SESSION_TIMEOUT_MS": "6000",
+            "KEMBED_SINK_HEARTBEAT_INTERVAL_MS": "1000",
+        }
+        env.update({f"KEMBED_SINK_{name.upper()}": str(value) for name, value in settings.items()})
+        self._log = log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "sink"],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.http_url}/metrics", timeout=10) as response:
+            text: str = response.read().decode()
+            return text
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        code = self.process.wait(timeout)
+        self._log.close()
+        return code
+
+
+def metric_value(exposition: str, name: str, **labels: str) -> float:
+    """One sample of a Prometheus text exposition (0 when absent)."""
+    for line in exposition.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        series, value = line.rsplit(" ", 1)
+        metric, _, label_text = series.partition("{")
+        if metric != name:
+            continue
+        found = dict(
+            part.split("=", 1) for part in label_text.rstrip("}").split(",") if "=" in part
+        )
+        if all(found.get(k, "").strip('"') == v for k, v in labels.items()):
+            return float(value)
+    return 0.0
+
+
+async def submit_docs(
+    bootstrap: str,
+    texts: Sequence[str],
+    keys: Sequence[str | int] | None,
+    metadata: Sequence[dict[str, Any]] | None,
+    *,
+    reply_to: str,
+    meta: dict[str, Any] | None = None,
+    per_request: int = 50,
+    **options: Any,
+) -> int:
+    """Send ``texts`` as document requests (``per_request`` inputs each) to the bulk lane,
+    answered on ``reply_to``: ``keys`` are the row ids, ``metadata`` per-input metadata
+    (carried as ``meta["docs"]``), as an ingesting producer does. Returns the number of
+    requests, once the broker has acknowledged all of them."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        futures = []
+        for start in range(0, len(texts), per_request):
+            end = start + per_request
+            request_meta = dict(meta or {})
+            if metadata is not None:
+                request_meta["docs"] = list(metadata[start:end])
+            request = EmbedRequest(
+                id=str(uuid.uuid4()),
+                inputs=tuple(texts[start:end]),
+                reply_to=reply_to,
+                keys=None if keys is None else tuple(keys[start:end]),
+                meta=request_meta or None,
+                encoding=options.pop("encoding", Encoding.FLOAT32),
+                **options,
+            )
+            futures.append(
+                await producer.send(
+                    BULK_TOPIC,
+                    encode_request(request),
+                    headers=routing_headers(request.id, reply_to),
+                )
+            )
+        await asyncio.gather(*futures)
+        return len(futures)
+    finally:
+        await producer.stop()
+
+
+async def end_offsets(bootstrap: str, topic: str) -> dict[TopicPartition, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        while not partitions:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic)
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
+        return ends
+    finally:
+        await consumer.stop()
+
+
+async def wait_results(bootstrap: str, topic: str, count: int, timeout: float = 180) -> None:
+    """Until ``topic`` holds ``count`` messages (every request answered)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        total = sum((await end_offsets(bootstrap, topic)).values())
+        if total >= count:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic} holds {total} results, expected {count}")
+        await asyncio.sleep(0.5)
+
+
+async def committed(bootstrap: str, group: str) -> dict[TopicPartition, int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+        return {tp: meta.offset for tp, meta in offsets.items()}
+    finally:
+        await admin.close()
+
+
+async def wait_drained(
+    bootstrap: str,
+    topic: str,
+    group: str,
+    count: int,
+    sink: SinkProcess | None = None,
+    timeout: float = 180,
+) -> None:
+    """Until ``topic`` holds ``count`` results and ``group`` has committed all of them
+    (a sink commits only after its database transaction)."""
+    await wait_results(bootstrap, topic, count, timeout)
+    ends = await end_offsets(bootstrap, topic)
+    deadline = time.monotonic() + timeout
+    while True:
+        done = await committed(bootstrap, group)
+        if all(done.get(tp, 0) >= end for tp, end in ends.items() if end > 0):
+            return
+        if sink is not None and sink.process.poll() is not None:
+            raise AssertionError(f"the sink exited ({sink.process.returncode}) before draining")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"group {group} committed {done}, topic ends at {ends}")
+        await asyncio.sleep(0.3)
