@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -83,6 +84,8 @@ async def run_sink(settings: SinkSettings, kafka: KafkaClientSettings) -> None:
     TargetError (the target cannot be used as configured: exit 2) or TransientWriteError
     (the database stayed unreachable for ``write_retry_s``), each logged first."""
     configure_logging(settings.log_level, settings.log_format)
+    for chatty in ("faiss", "milvus_lite", "pymilvus"):  # Milvus Lite's start-up info lines
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
     spec = settings.target_spec()
     log.info(
         "sink.starting",
@@ -157,7 +160,9 @@ async def _serve(
         loop = asyncio.get_running_loop()
         table_dim = await _open_store(store, settings, executor)
         if table_dim is not None and settings.dim is not None and table_dim != settings.dim:
-            raise DimensionMismatchError(store.name, table_dim, settings.dim, "--dim")
+            raise DimensionMismatchError(
+                store.name, table_dim, settings.dim, "the setting dim (--dim) asks for"
+            )
         info["dim"] = table_dim or settings.dim
         source = KafkaSource(
             kafka.bootstrap_servers,
@@ -341,7 +346,7 @@ class Sink:
                         self._store.name,
                         self._dim or 0,
                         good[0][1].dim,
-                        f"the results on {self._settings.results_topic!r}",
+                        f"the results on {self._settings.results_topic!r} have",
                     )
                 for record, result in good:
                     if result.dim != self._dim:

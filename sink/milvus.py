@@ -126,7 +126,7 @@ class MilvusStore:
         existing = self.table_dim()
         if existing is not None:
             if existing != dim:
-                raise DimensionMismatchError(self._collection, existing, dim, "the results")
+                raise DimensionMismatchError(self._collection, existing, dim, "the results have")
             return
         schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)

@@ -154,7 +154,7 @@ class PostgresStore:
         existing = self.table_dim()
         if existing is not None:
             if existing != dim:
-                raise DimensionMismatchError(self._table_name, existing, dim, "the results")
+                raise DimensionMismatchError(self._table_name, existing, dim, "the results have")
             return
         m, ef_construction = self._hnsw
         with conn.transaction():

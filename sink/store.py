@@ -31,11 +31,12 @@ class TargetError(Exception):
 
 
 class DimensionMismatchError(TargetError):
-    """The table's vector dimension differs from the results' (or the configured one)."""
+    """The table's vector dimension differs from the results' (or the configured one).
+    ``source`` completes "but ... dimension N", e.g. "the results have"."""
 
     def __init__(self, table: str, table_dim: int, dim: int, source: str) -> None:
         super().__init__(
-            f"table {table!r} holds vectors of dimension {table_dim}, but {source} has "
+            f"table {table!r} holds vectors of dimension {table_dim}, but {source} "
             f"dimension {dim}: point the sink at another table (--table), or at the stream "
             "of the model this table was built for"
         )

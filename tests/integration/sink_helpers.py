@@ -4,6 +4,7 @@ requests sent through Kafka to the real worker, and waiting until a sink has dra
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -75,6 +76,32 @@ def metric_value(exposition: str, name: str, **labels: str) -> float:
         if all(found.get(k, "").strip('"') == v for k, v in labels.items()):
             return float(value)
     return 0.0
+
+
+_READ_MILVUS = """
+import json, sys
+from pymilvus import MilvusClient
+client = MilvusClient(sys.argv[1])
+client.load_collection(sys.argv[2])
+rows = client.query(
+    sys.argv[2], filter="", output_fields=["id", "vector", "metadata", "model"], limit=16384
+)
+json.dump([{**row, "vector": [float(x) for x in row["vector"]]} for row in rows], sys.stdout)
+"""
+
+
+def milvus_rows(path: Path, collection: str) -> dict[str, dict[str, Any]]:
+    """Every row of a Milvus Lite collection, by id. Read in a child process: Milvus Lite
+    holds a file's lock for the life of the process that opened it, and a sink must open
+    the file again after this."""
+    done = subprocess.run(
+        [sys.executable, "-c", _READ_MILVUS, str(path), collection],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return {row["id"]: row for row in json.loads(done.stdout)}
 
 
 async def submit_docs(

@@ -36,6 +36,7 @@ from tests.integration.sink_helpers import (
     SinkProcess,
     committed,
     metric_value,
+    milvus_rows,
     submit_docs,
     wait_drained,
 )
@@ -447,14 +448,14 @@ def test_dimension_mismatch_with_an_existing_table_is_a_startup_error(
     settings = pg_settings(postgres, "dim8", stsb.topic, "sink-dim8")
     at_start = SinkProcess(kafka.bootstrap_servers, tmp_path / "start.log", **settings, dim=384)
     assert at_start.wait_exit(60) == 2
-    event = at_start.wait_for("sink.dimension_mismatch", timeout=0)
+    event = at_start.wait_for("sink.dimension_mismatch", timeout=5)
     assert "dimension 8" in event["reason"]
     assert "dimension 384" in event["reason"]
     assert not any(e.get("event") == "partitions.assigned" for e in at_start.events())
 
     first_batch = SinkProcess(kafka.bootstrap_servers, tmp_path / "batch.log", **settings)
     assert first_batch.wait_exit(90) == 2
-    event = first_batch.wait_for("sink.dimension_mismatch", timeout=0)
+    event = first_batch.wait_for("sink.dimension_mismatch", timeout=5)
     assert "dimension 8" in event["reason"]
     assert "dimension 384" in event["reason"]
     assert asyncio.run(committed(kafka.bootstrap_servers, "sink-dim8")) == {}
@@ -463,18 +464,6 @@ def test_dimension_mismatch_with_an_existing_table_is_a_startup_error(
 
 
 # ------------------------------------------------------------------ Milvus Lite
-
-
-def milvus_rows(path: Path, collection: str) -> dict[str, dict[str, Any]]:
-    client = MilvusClient(str(path))
-    try:
-        client.load_collection(collection)
-        rows = client.query(
-            collection, filter="", output_fields=["id", "vector", "metadata", "model"], limit=16384
-        )
-        return {row["id"]: row for row in rows}
-    finally:
-        client.close()
 
 
 def test_stsb_into_milvus_lite_one_row_per_id_and_neighbours_rank_pairs(
@@ -528,6 +517,9 @@ def test_stsb_into_milvus_lite_one_row_per_id_and_neighbours_rank_pairs(
                 filter=f'id in ["{second_id}", "{other_id}"]',
                 limit=1,
                 output_fields=["id"],
+                # Milvus Lite filters HNSW's ef candidates afterwards: a filter that keeps two
+                # rows needs candidates from the whole collection.
+                search_params={"params": {"ef": len(rows)}},
             )
             ranked += hits[0]["id"] == second_id
         assert ranked / len(triples) >= 0.95, (ranked, len(triples))
