@@ -1,4 +1,5 @@
-"""kembed producer SDK: ``vectors = await client.embed(texts)`` over Kafka."""
+"""kembed producer SDK: ``vectors = await client.embed(texts)`` over Kafka, and
+``await client.submit(texts, keys=ids)`` / ``ingest(client, documents)`` for ingestion."""
 
 from producer_sdk.client import EmbedClient
 from producer_sdk.config import ClientConfig
@@ -14,10 +15,13 @@ from producer_sdk.errors import (
     ClientClosedError,
     EmbedError,
     EmbedTimeoutError,
+    IngestError,
     KafkaAccessError,
     KembedError,
+    RequestTooLargeError,
     UnexpectedEncodingError,
 )
+from producer_sdk.ingest import Document, IngestSummary, JsonlError, JsonlReader, ingest
 from schemas import Encoding
 
 __all__ = [
@@ -27,13 +31,20 @@ __all__ = [
     "ClientConfig",
     "EmbedClient",
     "EmbedError",
+    "Document",
     "EmbedTimeoutError",
     "Embeddings",
     "Encoding",
+    "IngestError",
+    "IngestSummary",
+    "JsonlError",
+    "JsonlReader",
     "KafkaAccessError",
     "KembedError",
+    "RequestTooLargeError",
     "UnexpectedEncodingError",
     "dequantize_int8",
     "hamming_distances",
+    "ingest",
     "unpack_bits",
 ]

@@ -12,12 +12,14 @@ unique request id. Results go to one partition of the reply topic that this clie
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, overload
 
+import msgpack
 import numpy as np
 import numpy.typing as npt
 import structlog
@@ -29,6 +31,8 @@ from producer_sdk.errors import (
     ClientClosedError,
     EmbedError,
     EmbedTimeoutError,
+    KembedError,
+    RequestTooLargeError,
     UnexpectedEncodingError,
 )
 from producer_sdk.pending import PendingCalls
@@ -41,13 +45,18 @@ from schemas import (
     decode_result,
     encode_request,
 )
+from schemas.codec import is_valid_topic
 from schemas.headers import routing_headers
+from schemas.v1 import MAX_ID_BYTES
 
 __all__ = ["EmbedClient"]
 
 log = structlog.get_logger("kembed.sdk")
 
 _ENCODING_NAMES = frozenset(encoding.value for encoding in Encoding)
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1  # the integers msgpack can carry
+DOCS_META_KEY = "docs"
+"""The request ``meta`` key that carries per-input metadata (see ``submit``)."""
 
 
 class EmbedClient:
@@ -100,6 +109,8 @@ class EmbedClient:
         truncate: bool = ...,
         dimensions: int | None = ...,
         prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
         encoding: Literal["float32"] = ...,
     ) -> npt.NDArray[np.float32]: ...
 
@@ -114,6 +125,8 @@ class EmbedClient:
         truncate: bool = ...,
         dimensions: int | None = ...,
         prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
         encoding: Literal["float16"],
     ) -> npt.NDArray[np.float16]: ...
 
@@ -128,6 +141,8 @@ class EmbedClient:
         truncate: bool = ...,
         dimensions: int | None = ...,
         prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
         encoding: Literal["int8"],
     ) -> npt.NDArray[np.int8]: ...
 
@@ -142,6 +157,8 @@ class EmbedClient:
         truncate: bool = ...,
         dimensions: int | None = ...,
         prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
         encoding: Literal["binary"],
     ) -> npt.NDArray[np.uint8]: ...
 
@@ -156,6 +173,8 @@ class EmbedClient:
         truncate: bool = ...,
         dimensions: int | None = ...,
         prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
         encoding: Encoding | str,
     ) -> npt.NDArray[Any]: ...
 
@@ -169,6 +188,8 @@ class EmbedClient:
         truncate: bool = True,
         dimensions: int | None = None,
         prompt: str | None = None,
+        prompt_name: str | None = None,
+        truncation_direction: Literal["right", "left"] | None = None,
         encoding: Encoding | str = Encoding.FLOAT32,
     ) -> npt.NDArray[Any]:
         """Embed ``texts``; one row per text, in input order.
@@ -177,6 +198,12 @@ class EmbedClient:
         (len(texts), dim) floats, int8 (len(texts), dim) codes (divide by 127 for normalized
         vectors; :meth:`embed_result` also gives the scales), binary (len(texts),
         ceil(dim / 8)) uint8 packed sign bits (:func:`producer_sdk.unpack_bits`).
+
+        ``prompt`` is text put before every input; ``prompt_name`` picks one of the model's
+        named prompts instead (see ``client.models()``); with neither, the model's default
+        prompt applies, if it has one. ``truncation_direction`` says which end of an input
+        longer than the model's maximum is cut (default: the model's setting, usually
+        ``right``, keeping the beginning).
 
         Raises EmbedError (with the wire ``code``) when the worker rejects the request,
         EmbedTimeoutError when no result arrives within ``timeout`` seconds, and
@@ -191,6 +218,8 @@ class EmbedClient:
             truncate=truncate,
             dimensions=dimensions,
             prompt=prompt,
+            prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
             encoding=encoding,
         )
         return result.vectors
@@ -205,29 +234,32 @@ class EmbedClient:
         truncate: bool = True,
         dimensions: int | None = None,
         prompt: str | None = None,
+        prompt_name: str | None = None,
+        truncation_direction: Literal["right", "left"] | None = None,
         encoding: Encoding | str = Encoding.FLOAT32,
     ) -> Embeddings:
         """Like :meth:`embed`, but the whole result: vectors, int8 scales, tokens, model."""
-        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise TypeError("texts must be a sequence of strings")
-        if not texts:
-            raise ValueError("texts must not be empty")
-        if encoding not in _ENCODING_NAMES:
-            raise ValueError(f"encoding must be one of {', '.join(Encoding)}, not {encoding!r}")
-        if not self._started:
-            raise ClientClosedError("the client is not started; use 'async with'")
-        if (failure := self._transport.failure) is not None:
-            raise AuthorizationError(failure.principal, failure.operation, failure.topic)
-        wait = self.config.timeout if timeout is None else timeout
-        request = EmbedRequest(
-            id=uuid.uuid4().hex,
-            inputs=tuple(texts),
-            model=model or self.config.model,
+        request = self._request(
+            texts,
+            model=model,
             normalize=normalize,
             truncate=truncate,
             dimensions=dimensions,
-            encoding=Encoding(encoding),
             prompt=prompt,
+            prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
+            encoding=encoding,
+        )
+        self._check_started()
+        if not self.config.read_replies:
+            raise KembedError(
+                "this client reads no replies (read_replies=False): it can submit(), not embed()"
+            )
+        if (failure := self._transport.failure) is not None:
+            raise AuthorizationError(failure.principal, failure.operation, failure.topic)
+        wait = self.config.timeout if timeout is None else timeout
+        request = dataclasses.replace(
+            request,
             deadline_ms=int((time.time() + wait) * 1000),
             reply_to=self.config.reply_topic,
             reply_partition=self.reply_partition,
@@ -244,12 +276,138 @@ class EmbedClient:
             raise UnexpectedEncodingError(request.id, str(request.encoding), str(result.dtype))
         return Embeddings.from_result(result)
 
+    async def submit(
+        self,
+        texts: Sequence[str],
+        *,
+        keys: Sequence[str | int] | None = None,
+        metadata: Sequence[Mapping[str, Any] | None] | None = None,
+        meta: Mapping[str, Any] | None = None,
+        reply_to: str | None = None,
+        model: str | None = None,
+        bulk: bool = True,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        normalize: bool = True,
+        dimensions: int | None = None,
+        encoding: str = "float32",
+        request_id: str | None = None,
+    ) -> str:
+        """Send one request without waiting for its result; return its request id once the
+        broker has acknowledged it (acks=all).
+
+        The worker answers on ``reply_to`` (default: this client's ``reply_topic``), spread
+        over that topic's partitions by request id, for whoever reads it (a sink). ``keys``
+        (one per text) are copied to the result; ``metadata`` (one map or None per text)
+        travels as ``meta["docs"]``, next to the request-level ``meta`` keys, and comes
+        back in the result's ``meta`` (see schemas/README.md, "Ingestion conventions").
+        ``bulk=True`` sends to ``bulk_topic`` (the bulk lane), ``bulk=False`` to
+        ``requests_topic``. The request carries no deadline: it waits in Kafka for a worker
+        as long as the topic keeps it.
+
+        Raises TypeError or ValueError for invalid arguments, RequestTooLargeError when the
+        encoded request exceeds ``max_request_bytes``, ClientClosedError when the client is
+        not started, and AuthorizationError when the request topic may not be written; in
+        all of these cases nothing was sent.
+        """
+        _check_texts(texts)
+        request = self._request(
+            texts,
+            model=model,
+            normalize=normalize,
+            dimensions=dimensions,
+            prompt=prompt,
+            prompt_name=prompt_name,
+            encoding=encoding,
+            reply_to=reply_to or self.config.reply_topic,
+            keys=_check_keys(keys, len(texts)),
+            meta=_combined_meta(meta, metadata, len(texts)),
+            request_id=request_id,
+        )
+        if not all(request.inputs):
+            index = request.inputs.index("")
+            raise ValueError(f"texts[{index}] is empty; the worker refuses empty inputs")
+        if dimensions is not None and (isinstance(dimensions, bool) or dimensions < 1):
+            raise ValueError(f"dimensions must be a positive integer, not {dimensions!r}")
+        self._check_started()
+        topic = self.config.bulk_topic if bulk else self.config.requests_topic
+        await self._send(request, topic)
+        return request.id
+
+    def _request(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None,
+        normalize: bool,
+        dimensions: int | None,
+        prompt: str | None,
+        encoding: Encoding | str,
+        truncate: bool = True,
+        prompt_name: str | None = None,
+        truncation_direction: str | None = None,
+        reply_to: str | None = None,
+        keys: tuple[str | int, ...] | None = None,
+        meta: dict[str, Any] | None = None,
+        request_id: str | None = None,
+    ) -> EmbedRequest:
+        """The one place requests are built (``embed`` and ``submit``), texts checked."""
+        _check_texts(texts)
+        if encoding not in _ENCODING_NAMES:
+            raise ValueError(f"encoding must be one of {', '.join(Encoding)}, not {encoding!r}")
+        if request_id is not None and (
+            not isinstance(request_id, str)
+            or not 0 < len(request_id.encode("utf-8")) <= MAX_ID_BYTES
+        ):
+            raise ValueError(f"request_id must be 1 to {MAX_ID_BYTES} bytes of UTF-8")
+        if reply_to is not None and not is_valid_topic(reply_to):
+            raise ValueError(f"reply_to {reply_to!r} is not a valid Kafka topic name")
+        if prompt is not None and prompt_name is not None:
+            raise ValueError("give prompt (the text) or prompt_name (a model's prompt), not both")
+        if truncation_direction not in (None, "right", "left"):
+            raise ValueError(
+                f"truncation_direction must be 'right' or 'left', not {truncation_direction!r}"
+            )
+        return EmbedRequest(
+            id=request_id or uuid.uuid4().hex,
+            inputs=tuple(texts),
+            model=model or self.config.model,
+            normalize=normalize,
+            truncate=truncate,
+            dimensions=dimensions,
+            encoding=Encoding(encoding),
+            prompt=prompt,
+            prompt_name=prompt_name,
+            truncation_direction=truncation_direction,
+            reply_to=reply_to,
+            keys=keys,
+            meta=meta,
+        )
+
+    def _check_started(self) -> None:
+        if not self._started:
+            raise ClientClosedError("the client is not started; use 'async with'")
+
+    def _encode(self, request: EmbedRequest) -> bytes:
+        try:
+            value = encode_request(request)
+        except (TypeError, ValueError, OverflowError) as exc:  # msgpack: not serializable
+            raise TypeError(f"the request cannot be encoded as msgpack: {_where(request)}") from exc
+        if len(value) > self.config.max_request_bytes:
+            raise RequestTooLargeError(len(value), self.config.max_request_bytes)
+        return value
+
+    async def _send(self, request: EmbedRequest, topic: str) -> None:
+        """Encode, check the size and send; return once the broker acknowledged it."""
+        value = self._encode(request)
+        headers = routing_headers(request.id, request.reply_to, request.reply_partition)
+        await self._transport.send(value, headers, topic)
+
     async def _call(self, request: EmbedRequest, timeout: float) -> Any:
         future = self._pending.add(request.id)
-        headers = routing_headers(request.id, request.reply_to, request.reply_partition)
         try:
             async with asyncio.timeout(timeout):
-                await self._transport.send(encode_request(request), headers)
+                await self._send(request, self.config.requests_topic)
                 return await future
         except TimeoutError:
             raise EmbedTimeoutError(request.id, timeout) from None
@@ -269,3 +427,82 @@ class EmbedClient:
             log.warning("result.malformed", error=exc.message)
             return
         self._pending.resolve(result)
+
+
+def _check_texts(texts: Sequence[str]) -> None:
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise TypeError("texts must be a sequence of strings")
+    if not texts:
+        raise ValueError("texts must not be empty")
+
+
+def _check_keys(keys: Sequence[str | int] | None, count: int) -> tuple[str | int, ...] | None:
+    if keys is None:
+        return None
+    if isinstance(keys, str | bytes):
+        raise TypeError("keys must be a sequence of strings or integers, one per text")
+    checked = tuple(keys)
+    if len(checked) != count:
+        raise ValueError(f"keys has {len(checked)} entries for {count} texts; give one per text")
+    for index, key in enumerate(checked):
+        if isinstance(key, bool) or not isinstance(key, str | int):
+            raise TypeError(f"keys[{index}] must be a string or an integer, not {key!r}")
+        if isinstance(key, int) and not _INT64_MIN <= key <= _UINT64_MAX:
+            raise ValueError(f"keys[{index}] does not fit in 64 bits")
+    return checked
+
+
+def _combined_meta(
+    meta: Mapping[str, Any] | None,
+    metadata: Sequence[Mapping[str, Any] | None] | None,
+    count: int,
+) -> dict[str, Any] | None:
+    """The request's ``meta``: the request-level keys, and ``docs`` for per-input maps."""
+    combined = _string_keyed(meta, "meta") if meta is not None else {}
+    if metadata is not None:
+        if DOCS_META_KEY in combined:
+            raise ValueError(
+                f"meta[{DOCS_META_KEY!r}] is reserved for the per-input metadata; "
+                "pass those as metadata="
+            )
+        if isinstance(metadata, Mapping | str | bytes):
+            raise TypeError("metadata must be a sequence of maps (or None), one per text")
+        docs = [
+            {} if item is None else _string_keyed(item, f"metadata[{index}]")
+            for index, item in enumerate(metadata)
+        ]
+        if len(docs) != count:
+            raise ValueError(
+                f"metadata has {len(docs)} entries for {count} texts; give one per text"
+            )
+        combined[DOCS_META_KEY] = docs
+    return combined or None
+
+
+def _string_keyed(value: object, name: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a map with string keys, not {type(value).__name__}")
+    for key in value:
+        if not isinstance(key, str):
+            raise TypeError(f"{name} must have string keys, not {key!r}")
+    return dict(value)
+
+
+def _where(request: EmbedRequest) -> str:
+    """Which part of a request msgpack cannot encode (its meta is the only free-form part)."""
+    meta = request.meta or {}
+    for index, doc in enumerate(meta.get(DOCS_META_KEY) or ()):
+        if not _packable(doc):
+            return f"metadata[{index}] holds a value msgpack cannot encode"
+    for key, value in meta.items():
+        if key != DOCS_META_KEY and not _packable(value):
+            return f"meta[{key!r}] holds a value msgpack cannot encode"
+    return "a field holds a value msgpack cannot encode"
+
+
+def _packable(value: object) -> bool:
+    try:
+        msgpack.packb(value, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True

@@ -17,7 +17,20 @@ _MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 class ClientConfig:
     bootstrap_servers: str
     requests_topic: str = "embed.requests"
+    """Interactive lane: where ``embed()`` sends, and ``submit(bulk=False)``."""
+    bulk_topic: str = "embed.requests.bulk"
+    """Bulk lane (ingestion backlogs): where ``submit()`` sends by default (``bulk=True``)."""
     reply_topic: str = "embed.results"
+    """Topic this client reads its ``embed()`` results from; ``submit()``'s default
+    ``reply_to``."""
+    read_replies: bool = True
+    """False makes a producer-only client, for ``submit()`` and ``ingest()``: it reads no
+    reply partition, so it needs no READ right on ``reply_topic`` and costs no consumer;
+    ``embed()`` then raises KembedError."""
+    max_request_bytes: int = 4 * 1024 * 1024
+    """Largest request message this client sends; a larger one raises RequestTooLargeError
+    before anything is sent. Keep it at or below the workers' KEMBED_MAX_REQUEST_BYTES
+    (default 4 MiB) and the request topics' max.message.bytes."""
     reply_partition: int | None = None
     """The reply partition this client reads; None picks one at random at start."""
     model: str | None = None
@@ -56,6 +69,8 @@ class ClientConfig:
     """Check that a broker's certificate names the host connected to."""
 
     def __post_init__(self) -> None:
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be positive, not {self.max_request_bytes}")
         if self.isolation_level not in ("read_uncommitted", "read_committed"):
             raise ValueError(
                 f"isolation_level must be read_uncommitted or read_committed, "

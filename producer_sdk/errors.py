@@ -7,6 +7,8 @@ Exception tree::
     ├── EmbedTimeoutError        no result within the timeout (also a ``TimeoutError``)
     ├── UnexpectedEncodingError  the result is not in the encoding asked for
     ├── ClientClosedError        the client was closed while the call waited
+    ├── RequestTooLargeError     the encoded request exceeds max_request_bytes (a ValueError)
+    ├── IngestError              ``ingest()`` stopped; ``summary`` says what was sent before
     └── KafkaAccessError         Kafka refused this client; retrying will not help
         ├── AuthenticationError  the login (SASL) or the TLS handshake was rejected
         └── AuthorizationError   the client's principal lacks an ACL on a topic
@@ -16,7 +18,12 @@ Messages name the user, topic and operation, never a password.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from schemas import ErrorCode
+
+if TYPE_CHECKING:
+    from producer_sdk.ingest import IngestSummary
 
 __all__ = [
     "AuthenticationError",
@@ -24,8 +31,10 @@ __all__ = [
     "ClientClosedError",
     "EmbedError",
     "EmbedTimeoutError",
+    "IngestError",
     "KafkaAccessError",
     "KembedError",
+    "RequestTooLargeError",
     "UnexpectedEncodingError",
 ]
 
@@ -81,6 +90,41 @@ class UnexpectedEncodingError(KembedError):
 
 class ClientClosedError(KembedError):
     """The client was closed (or never started) while a call needed it."""
+
+
+class RequestTooLargeError(KembedError, ValueError):
+    """The encoded request would exceed the client's ``max_request_bytes``: nothing was sent.
+
+    Send fewer or shorter texts (or less metadata) per request; ``ingest()`` splits its
+    batches on this error by itself.
+    """
+
+    def __init__(self, size: int, limit: int, detail: str = "") -> None:
+        super().__init__(
+            f"the request would be {size} bytes, above max_request_bytes ({limit}){detail}; "
+            "send fewer or shorter texts, or less metadata, per request"
+        )
+        self.size = size
+        self.limit = limit
+
+
+class IngestError(KembedError):
+    """``ingest()`` stopped before the end of its documents.
+
+    ``cause`` is what stopped it (also the ``__cause__``): a bad document (ValueError, a
+    :class:`~producer_sdk.ingest.JsonlError` from the JSONL reader), or a failed submit (a
+    :class:`KembedError` such as AuthorizationError, or a Kafka error). ``summary`` counts
+    what the broker had acknowledged when it stopped: those requests are in Kafka and will
+    be answered; nothing after them was sent.
+    """
+
+    def __init__(self, summary: IngestSummary, cause: BaseException) -> None:
+        super().__init__(
+            f"ingestion stopped after {summary.documents} documents in {summary.requests} "
+            f"acknowledged requests: {cause}"
+        )
+        self.summary = summary
+        self.cause = cause
 
 
 class KafkaAccessError(KembedError):

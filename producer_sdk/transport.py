@@ -26,6 +26,8 @@ __all__ = ["Transport"]
 ReplyHandler = Callable[[str | None, bytes], None]
 FailureHandler = Callable[[AuthorizationError], None]
 
+_RECORD_OVERHEAD = 16 * 1024
+
 
 class Transport:
     def __init__(
@@ -45,6 +47,9 @@ class Transport:
             acks="all",
             enable_idempotence=False,  # a resent request is answered twice; one is dropped
             linger_ms=config.linger_ms,
+            # Requests are checked against max_request_bytes before they are sent; this
+            # leaves room for the record's headers and framing around such a value.
+            max_request_size=config.max_request_bytes + _RECORD_OVERHEAD,
         )
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=config.bootstrap_servers,
@@ -67,6 +72,8 @@ class Transport:
             await self.stop()
             await diagnose_login(self._config, self._options)
             raise
+        if not self._config.read_replies:
+            return
         try:
             try:
                 partitions = await self._producer.partitions_for(self._config.reply_topic)
@@ -100,16 +107,18 @@ class Transport:
         await self._consumer.stop()
         await self._producer.stop()
 
-    async def send(self, value: bytes, headers: Sequence[tuple[str, bytes]]) -> None:
+    async def send(
+        self, value: bytes, headers: Sequence[tuple[str, bytes]], topic: str | None = None
+    ) -> None:
         """Return once the request is durably in Kafka (acknowledged by all in-sync replicas).
 
-        Raises AuthorizationError at once if the request topic may not be written."""
+        ``topic`` defaults to the interactive requests topic. Raises AuthorizationError at
+        once if the topic may not be written."""
+        topic = topic or self._config.requests_topic
         try:
-            await self._producer.send_and_wait(
-                self._config.requests_topic, value, headers=list(headers)
-            )
+            await self._producer.send_and_wait(topic, value, headers=list(headers))
         except TopicAuthorizationFailedError:
-            raise self._denied("write", self._config.requests_topic) from None
+            raise self._denied("write", topic) from None
 
     def _denied(self, operation: str, topic: str) -> AuthorizationError:
         return AuthorizationError(self._principal, operation, topic)

@@ -19,6 +19,7 @@ from schemas.errors import Envelope, ErrorCode, SchemaError
 from schemas.v1 import (
     MAX_ID_BYTES,
     MAX_TOPIC_LENGTH,
+    TRUNCATION_DIRECTIONS,
     VERSION,
     EmbedRequest,
     EmbedResult,
@@ -60,10 +61,12 @@ def encode_request(request: EmbedRequest) -> bytes:
         body["normalize"] = False
     if not request.truncate:
         body["truncate"] = False
+    _put(body, "truncation_direction", request.truncation_direction)
     _put(body, "dimensions", request.dimensions)
     if request.encoding != Encoding.FLOAT32:
         body["encoding"] = str(request.encoding)
     _put(body, "prompt", request.prompt)
+    _put(body, "prompt_name", request.prompt_name)
     _put(body, "deadline_ms", request.deadline_ms)
     _put(body, "reply_to", request.reply_to)
     _put(body, "reply_partition", request.reply_partition)
@@ -242,15 +245,21 @@ def _request_from_map(body: dict[str, Any]) -> EmbedRequest:
     keys = _optional(body, "keys", _keys)
     if keys is not None and len(keys) != len(inputs):
         _fail(f"'keys' has {len(keys)} entries for {len(inputs)} inputs")
+    prompt = _optional(body, "prompt", _str)
+    prompt_name = _optional(body, "prompt_name", _non_empty_str)
+    if prompt is not None and prompt_name is not None:
+        _fail("'prompt' and 'prompt_name' are exclusive: give the text or the name")
     return EmbedRequest(
         id=request_id,
         inputs=inputs,
         model=_optional(body, "model", _non_empty_str),
         normalize=_flag(body, "normalize"),
         truncate=_flag(body, "truncate"),
+        truncation_direction=_optional(body, "truncation_direction", _direction),
         dimensions=_optional(body, "dimensions", _positive),
         encoding=_optional(body, "encoding", _encoding) or Encoding.FLOAT32,
-        prompt=_optional(body, "prompt", _str),
+        prompt=prompt,
+        prompt_name=prompt_name,
         deadline_ms=_optional(body, "deadline_ms", _non_negative),
         reply_to=_optional(body, "reply_to", _topic),
         reply_partition=_optional(body, "reply_partition", _non_negative),
@@ -345,6 +354,13 @@ def _encoding(value: object) -> Encoding:
     if text not in _ENCODING_NAMES:
         raise _MistypedError(f"must be one of {', '.join(Encoding)}")
     return Encoding(text)
+
+
+def _direction(value: object) -> str:
+    text = _str(value)
+    if text not in TRUNCATION_DIRECTIONS:
+        raise _MistypedError(f"must be one of {', '.join(TRUNCATION_DIRECTIONS)}")
+    return text
 
 
 def _code(value: str) -> ErrorCode | str:

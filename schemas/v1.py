@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_RESULTS_TOPIC",
     "MAX_ID_BYTES",
     "MAX_TOPIC_LENGTH",
+    "TRUNCATION_DIRECTIONS",
     "VERSION",
     "EmbedRequest",
     "EmbedResult",
@@ -31,6 +32,7 @@ __all__ = [
 VERSION = 1
 MAX_ID_BYTES = 256
 MAX_TOPIC_LENGTH = 249
+TRUNCATION_DIRECTIONS = ("right", "left")
 DEFAULT_RESULTS_TOPIC = "embed.results"
 
 Key = str | int
@@ -45,9 +47,11 @@ class EmbedRequest:
     model: str | None = None
     normalize: bool = True
     truncate: bool = True
+    truncation_direction: str | None = None
     dimensions: int | None = None
     encoding: Encoding = Encoding.FLOAT32
     prompt: str | None = None
+    prompt_name: str | None = None
     deadline_ms: int | None = None
     reply_to: str | None = None
     reply_partition: int | None = None

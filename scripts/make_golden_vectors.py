@@ -188,6 +188,18 @@ def valid_cases() -> list[dict[str, Any]]:
             "",
         ),
         (
+            "request-named-prompt-left-truncation",
+            "request",
+            {
+                "v": 1,
+                "id": "req-6",
+                "inputs": ["how do I reset my password"],
+                "truncation_direction": "left",
+                "prompt_name": "query",
+            },
+            "",
+        ),
+        (
             "request-unicode",
             "request",
             {"v": 1, "id": "req-ü", "inputs": ["一个女孩正在梳头。", "emoji 🙂 ok"]},
@@ -282,6 +294,21 @@ def invalid_cases() -> list[dict[str, Any]]:
         ("encoding-wrong-case", pack({**ok, "encoding": "INT8"}), bad, None, eid),
         ("encoding-empty", pack({**ok, "encoding": ""}), bad, None, eid),
         ("encoding-not-string", pack({**ok, "encoding": 8}), bad, None, eid),
+        (
+            "truncation-direction-unknown",
+            pack({**ok, "truncation_direction": "up"}),
+            bad,
+            None,
+            eid,
+        ),
+        (
+            "prompt-and-prompt-name",
+            pack({**ok, "prompt": "q: ", "prompt_name": "q"}),
+            bad,
+            None,
+            eid,
+        ),
+        ("prompt-name-empty", pack({**ok, "prompt_name": ""}), bad, None, eid),
     ]
     return [
         {"name": name, "hex": data.hex(), "code": code, "index": index, "envelope_id": envelope}

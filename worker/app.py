@@ -7,6 +7,7 @@ import json
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -22,13 +23,13 @@ from worker.observability.http import HttpServer
 from worker.observability.logging import configure_logging, redacted
 from worker.observability.metrics import CONTENT_TYPE, Metrics
 from worker.observability.probes import Probes
-from worker.pipeline import Pipeline
+from worker.pipeline import Pipeline, ServedModel
 from worker.ports import KafkaAccessError
 from worker.quality import GateThresholds, QualityReport, default_pairs_path, load_pairs, validate
-from worker.settings import WorkerSettings
+from worker.settings import ModelSpec, WorkerSettings
 from worker.tokenization import TextTokenizer
 
-__all__ = ["load_model", "run_worker"]
+__all__ = ["load_model", "load_served_model", "run_worker"]
 
 log = structlog.get_logger("kembed.worker")
 
@@ -42,7 +43,8 @@ _RECORD_OVERHEAD = 64 * 1024
 
 
 def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozenset[str]]:
-    """Load the encoder and tokenizer, and the names requests may use for the model."""
+    """Load the encoder and tokenizer of a single-model ``settings``, and the names requests
+    may use for the model."""
     from worker.encoder.models import aliases_for, resolve_model_dir
     from worker.encoder.torch_backend import TorchEncoder, resolve_compile, resolve_device
 
@@ -58,10 +60,35 @@ def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozen
         threads=settings.torch_threads,
         compile=resolve_compile(settings.torch_compile, resolve_device(settings.device)),
         quantization=settings.quantization,
+        pooling=settings.pooling,
     )
-    tokenizer = TextTokenizer.from_model_dir(model_dir, encoder.info.max_seq_length)
+    tokenizer = TextTokenizer.from_model_dir(
+        model_dir, encoder.info.max_seq_length, settings.truncation_direction
+    )
     names = frozenset({settings.served_name(), settings.model, *aliases_for(settings.model)})
     return encoder, tokenizer, names
+
+
+def load_served_model(settings: WorkerSettings, spec: ModelSpec) -> ServedModel:
+    """Load one of the worker's models, with its names, prompts and request topics."""
+    from worker.encoder.models import read_prompts
+
+    encoder, tokenizer, names = load_model(settings.for_model(spec))
+    own_prompts, own_default = read_prompts(encoder.info.path)
+    prompts = own_prompts if spec.prompts is None else spec.prompts
+    default = spec.default_prompt_name or (own_default if spec.prompts is None else None)
+    if default is not None and default not in prompts:
+        raise ValueError(f"default_prompt_name {default!r} is not one of the model's prompts")
+    name = spec.served_name()
+    return ServedModel(
+        name=name,
+        encoder=encoder,
+        tokenizer=tokenizer,
+        aliases=(names | set(spec.aliases)) - {name},
+        prompts=prompts,
+        default_prompt_name=default,
+        topics=tuple(topic for topic in settings.topics_of(spec) if topic),
+    )
 
 
 def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
@@ -108,12 +135,23 @@ async def run_worker(settings: WorkerSettings) -> None:
     log.info("worker.stopped")
 
 
+def request_topics(settings: WorkerSettings) -> tuple[list[str], list[str]]:
+    """The interactive and the bulk request topics of all the worker's models, in order."""
+    interactive: list[str] = []
+    bulk: list[str] = []
+    for spec in settings.model_specs():
+        requests, bulk_topic = settings.topics_of(spec)
+        for topics, topic in ((interactive, requests), (bulk, bulk_topic)):
+            if topic and topic not in topics:
+                topics.append(topic)
+    return interactive, bulk
+
+
 def _topic_needs(settings: WorkerSettings) -> dict[str, set[str]]:
     """What the worker's principal must be allowed to do, per topic."""
     needs: dict[str, set[str]] = {}
-    for topic in (settings.requests_topic, settings.bulk_topic):
-        if topic:
-            needs.setdefault(topic, set()).add("read")
+    for topic in (topic for topics in request_topics(settings) for topic in topics):
+        needs.setdefault(topic, set()).add("read")
     for topic in (settings.results_topic, settings.dlq_topic):
         needs.setdefault(topic, set()).add("write")
     return needs
@@ -174,41 +212,39 @@ async def _load_and_run(
     probes.phase = "loading"
     started = time.monotonic()
     encode_thread = ThreadPoolExecutor(1, thread_name_prefix="kembed-encoder")
-    encoder, tokenizer, names = await loop.run_in_executor(encode_thread, load_model, settings)
-    loaded = time.monotonic()
-    probes.phase = "warming"
-    await loop.run_in_executor(encode_thread, warm_up, encoder, settings)
-    warmed = time.monotonic()
-    metrics.model_load_seconds.set(loaded - started)
-    metrics.warmup_seconds.set(warmed - loaded)
-    info.update(worker_info(settings, encoder.info, names))
+    models: list[ServedModel] = []
+    load_s = warmup_s = 0.0
+    for spec in settings.model_specs():
+        started = time.monotonic()
+        model = await loop.run_in_executor(encode_thread, load_served_model, settings, spec)
+        loaded = time.monotonic()
+        probes.phase = "warming"
+        await loop.run_in_executor(encode_thread, warm_up, model.encoder, settings)
+        warmed = time.monotonic()
+        load_s, warmup_s = load_s + loaded - started, warmup_s + warmed - loaded
+        models.append(model)
+        _log_loaded(model, loaded - started, warmed - loaded)
+        probes.phase = "loading"
+    models = _distinct_names(models, settings)
+    metrics.model_load_seconds.set(load_s)
+    metrics.warmup_seconds.set(warmup_s)
+    info.update(worker_info(settings, models))
     metrics.info.info({k: str(v) for k, v in info["model"].items()} | {"version": VERSION})
-    log.info(
-        "model.loaded",
-        model=encoder.info.name,
-        dim=encoder.info.dim,
-        dtype=encoder.info.dtype,
-        device=encoder.info.device,
-        max_seq_length=encoder.info.max_seq_length,
-        pooling=encoder.info.pooling,
-        compiled=encoder.info.compiled,
-        quantization=encoder.info.quantization,
-        memory_mib=round(encoder.info.memory_bytes / 2**20, 1),
-        load_s=round(loaded - started, 3),
-        warmup_s=round(warmed - loaded, 3),
-    )
     if settings.quality_gate:
         probes.phase = "validating"
-        report = await loop.run_in_executor(None, run_quality_gate, settings)
-        fields = report.as_dict()
-        if not report.passed:
-            log.error("quality_gate.failed", **fields)
-            raise QualityGateFailedError(report.summary())
-        log.info("quality_gate.passed", **fields)
+        for spec in settings.model_specs():
+            gated = settings.for_model(spec)
+            report = await loop.run_in_executor(None, run_quality_gate, gated)
+            fields = report.as_dict() | {"model": spec.served_name()}
+            if not report.passed:
+                log.error("quality_gate.failed", **fields)
+                raise QualityGateFailedError(f"{spec.served_name()}: {report.summary()}")
+            log.info("quality_gate.passed", **fields)
     probes.phase = "joining"
+    interactive_topics, bulk_topics = request_topics(settings)
     source = KafkaSource(
         settings.bootstrap_servers,
-        [topic for topic in (settings.requests_topic, settings.bulk_topic) if topic],
+        interactive_topics + bulk_topics,
         group_id=settings.group_id,
         client_id=settings.client_id,
         max_poll_interval_ms=settings.max_poll_interval_ms,
@@ -220,10 +256,9 @@ async def _load_and_run(
     pipeline = Pipeline(
         source=source,
         publisher=publisher,
-        tokenizer=tokenizer,
-        encoder=encoder,
+        models=models,
         settings=settings,
-        model_names=names,
+        bulk_topics=frozenset(bulk_topics),
         encode_thread=encode_thread,
         metrics=metrics,
     )
@@ -234,8 +269,9 @@ async def _load_and_run(
     probes.phase = "serving"
     log.info(
         "worker.started",
-        topic=settings.requests_topic,
-        bulk_topic=settings.bulk_topic,
+        topics=interactive_topics,
+        bulk_topics=bulk_topics,
+        models=[model.name for model in models],
         group_id=settings.group_id,
         delivery=settings.delivery,
     )
@@ -244,6 +280,41 @@ async def _load_and_run(
     finally:
         probes.phase = "stopped"
         await source.stop()
+
+
+def _distinct_names(models: list[ServedModel], settings: WorkerSettings) -> list[ServedModel]:
+    """Each name answers to one model. Configured names and aliases are distinct (the
+    settings check that); a name a model gets implicitly (its path or hub id, the bundled
+    model's aliases) goes to the first model that has it, unless it is configured for
+    another model."""
+    claimed = {n for spec in settings.model_specs() for n in (spec.served_name(), *spec.aliases)}
+    given: set[str] = set()
+    distinct = []
+    for model, spec in zip(models, settings.model_specs(), strict=True):
+        implicit = model.aliases - set(spec.aliases) - claimed - given
+        given |= implicit
+        distinct.append(replace(model, aliases=frozenset(spec.aliases) | implicit))
+    return distinct
+
+
+def _log_loaded(model: ServedModel, load_s: float, warmup_s: float) -> None:
+    info = model.encoder.info
+    log.info(
+        "model.loaded",
+        model=info.name,
+        dim=info.dim,
+        dtype=info.dtype,
+        device=info.device,
+        max_seq_length=info.max_seq_length,
+        pooling=info.pooling,
+        compiled=info.compiled,
+        quantization=info.quantization,
+        memory_mib=round(info.memory_bytes / 2**20, 1),
+        prompts=sorted(model.prompts),
+        default_prompt_name=model.default_prompt_name,
+        load_s=round(load_s, 3),
+        warmup_s=round(warmup_s, 3),
+    )
 
 
 class QualityGateFailedError(RuntimeError):
@@ -258,26 +329,39 @@ def run_quality_gate(settings: WorkerSettings) -> QualityReport:
     return validate(settings, load_pairs(path or default_pairs_path()), thresholds)
 
 
-def worker_info(
-    settings: WorkerSettings, model: ModelInfo | None, names: frozenset[str] = frozenset()
-) -> dict[str, Any]:
-    """What /info reports: built field by field from settings, so no secret can slip in."""
+def model_info(model: ServedModel) -> dict[str, Any]:
+    """A served model as /info (and the model catalog) describe it."""
+    info: ModelInfo = model.encoder.info
+    return {
+        "name": model.name,
+        "aliases": sorted(model.aliases),
+        "dim": info.dim,
+        "dtype": info.dtype,
+        "device": info.device,
+        "compiled": info.compiled,
+        "quantization": info.quantization,
+        "memory_bytes": info.memory_bytes,
+        "max_seq_length": info.max_seq_length,
+        "pooling": info.pooling,
+        "truncation_direction": model.tokenizer.direction,
+        "prompts": dict(model.prompts),
+        "default_prompt_name": model.default_prompt_name,
+        "requests_topic": model.topics[0] if model.topics else None,
+        "bulk_topic": model.topics[1] if len(model.topics) > 1 else None,
+    }
+
+
+def worker_info(settings: WorkerSettings, models: list[ServedModel] | None) -> dict[str, Any]:
+    """What /info reports: built field by field from settings, so no secret can slip in.
+    ``model`` is the default model (the first), ``models`` all of them."""
+    described = [model_info(model) for model in models or []]
     return {
         "version": VERSION,
-        "model": None
-        if model is None
-        else {
-            "name": model.name,
-            "dim": model.dim,
-            "dtype": model.dtype,
-            "device": model.device,
-            "compiled": model.compiled,
-            "quantization": model.quantization,
-            "memory_bytes": model.memory_bytes,
-            "max_seq_length": model.max_seq_length,
-            "pooling": model.pooling,
-        },
-        "served_names": sorted(names),
+        "model": described[0] if described else None,
+        "models": described,
+        "served_names": sorted(
+            {name for model in models or [] for name in (model.name, *model.aliases)}
+        ),
         "batching": {
             "max_batch_tokens": settings.max_batch_tokens,
             "max_batch_size": settings.max_batch_size,

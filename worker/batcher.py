@@ -140,7 +140,7 @@ BULK = "bulk"
 
 
 class LaneScheduler(Generic[J]):
-    """Two lanes of batchers: interactive work first, bulk never starved.
+    """Two lanes of batchers per model: interactive work first, bulk never starved.
 
     When both lanes have a batch ready, interactive batches go first, but after
     ``bulk_every - 1`` interactive batches in a row the next one is bulk, so a flood of
@@ -149,6 +149,11 @@ class LaneScheduler(Generic[J]):
     A running batch cannot be interrupted, so while interactive inputs keep arriving (one
     came within ``interactive_recent_s``) bulk batches are cut at ``busy_bulk_tokens``: an
     interactive input then waits behind at most one short bulk batch.
+
+    A worker serving several models has one pair of lanes per model (a batch holds one
+    model's inputs) and one encoder for all: the rules above hold across models, the
+    interactive batch chosen is the model whose oldest interactive input waited longest,
+    and models with bulk work take bulk turns in rotation.
     """
 
     def __init__(
@@ -158,12 +163,17 @@ class LaneScheduler(Generic[J]):
         bulk_every: int,
         busy_bulk_tokens: int | None = None,
         interactive_recent_s: float = 1.0,
+        models: Sequence[str] = ("",),
     ) -> None:
         if bulk_every < 1:
             raise ValueError("bulk_every must be >= 1")
-        self.lanes: dict[str, Batcher[J]] = {
-            INTERACTIVE: Batcher(max_batch_tokens, max_batch_size),
-            BULK: Batcher(max_batch_tokens, max_batch_size),
+        if not models or len(set(models)) != len(models):
+            raise ValueError("models must be distinct names, at least one")
+        self.models = tuple(models)
+        self._batchers: dict[tuple[str, str], Batcher[J]] = {
+            (model, lane): Batcher(max_batch_tokens, max_batch_size)
+            for model in self.models
+            for lane in (INTERACTIVE, BULK)
         }
         self.bulk_every = bulk_every
         self.busy_bulk_tokens = busy_bulk_tokens
@@ -171,29 +181,42 @@ class LaneScheduler(Generic[J]):
         self._last_interactive = float("-inf")
         self._interactive_streak = 0
         self._bulk_owed = False
+        self._bulk_turn = 0
 
-    def add(self, lane: str, item: Item[J]) -> None:
-        self.lanes[lane].add(item)
+    def lane(self, lane: str, model: str = "") -> Batcher[J]:
+        return self._batchers[model, lane]
+
+    def add(self, lane: str, item: Item[J], model: str = "") -> None:
+        self._batchers[model, lane].add(item)
         if lane == INTERACTIVE:
             self._last_interactive = max(self._last_interactive, item.enqueued)
 
-    def put_back(self, lane: str, items: list[Item[J]]) -> None:
-        self.lanes[lane].put_back(items)
+    def put_back(self, lane: str, items: list[Item[J]], model: str = "") -> None:
+        self._batchers[model, lane].put_back(items)
 
-    def refill(self, lane: str, items: list[Item[J]]) -> list[Item[J]]:
+    def refill(self, lane: str, items: list[Item[J]], model: str = "") -> list[Item[J]]:
         """Cut a not-yet-running batch of ``lane`` again, now that more inputs wait there;
         lane accounting is unchanged (it is still the same turn)."""
-        batcher = self.lanes[lane]
+        batcher = self._batchers[model, lane]
         batcher.put_back(items)
         return batcher.next_batch()
 
     def preemptible(self, lane: str, now: float, max_wait: float) -> bool:
         """Whether a cut but not yet running batch of ``lane`` should yield to interactive
-        work that became ready: only a bulk batch that was not owed to bulk's share."""
-        return lane == BULK and not self._bulk_owed and self.ready(INTERACTIVE, now, max_wait)
+        work that became ready (of any model): only a bulk batch that was not owed to bulk's
+        share."""
+        return (
+            lane == BULK and not self._bulk_owed and bool(self._ready(INTERACTIVE, now, max_wait))
+        )
 
-    def ready(self, lane: str, now: float, max_wait: float) -> bool:
-        return self.lanes[lane].ready(now, max_wait)
+    def ready(self, lane: str, now: float, max_wait: float, model: str | None = None) -> bool:
+        """Whether ``lane`` has a batch ready, for ``model`` or (None) for any model."""
+        if model is not None:
+            return self._batchers[model, lane].ready(now, max_wait)
+        return bool(self._ready(lane, now, max_wait))
+
+    def _ready(self, lane: str, now: float, max_wait: float) -> list[str]:
+        return [m for m in self.models if self._batchers[m, lane].ready(now, max_wait)]
 
     def wake_at(self, prepared_lane: str | None, max_wait: float) -> float | None:
         """When the next scheduling decision can change by the clock alone: with nothing
@@ -201,25 +224,49 @@ class LaneScheduler(Generic[J]):
         bulk batch prepared, when interactive work does; otherwise never (only new work or a
         finished batch can change it)."""
         if prepared_lane is None:
-            lanes = list(self.lanes.values())
+            lanes = list(self._batchers.values())
         elif prepared_lane == BULK and not self._bulk_owed:
-            lanes = [self.lanes[INTERACTIVE]]
+            lanes = [self._batchers[m, INTERACTIVE] for m in self.models]
         else:
             return None
         oldest = [t for lane in lanes if (t := lane.oldest_enqueued()) is not None]
         return min(oldest) + max_wait if oldest else None
 
     def next_batch(self, now: float, max_wait: float) -> tuple[str, list[Item[J]]] | None:
-        """The lane and items of the next batch, or None when no lane is ready."""
-        interactive = self.ready(INTERACTIVE, now, max_wait)
-        bulk = self.ready(BULK, now, max_wait)
+        """The lane and items of the next batch, or None when no lane is ready (for a
+        single-model scheduler; see :meth:`next_model_batch`)."""
+        chosen = self.next_model_batch(now, max_wait)
+        return None if chosen is None else (chosen[1], chosen[2])
+
+    def next_model_batch(
+        self, now: float, max_wait: float
+    ) -> tuple[str, str, list[Item[J]]] | None:
+        """The model, lane and items of the next batch, or None when no lane is ready."""
+        interactive = self._ready(INTERACTIVE, now, max_wait)
+        bulk = self._ready(BULK, now, max_wait)
         if interactive and not (bulk and self._interactive_streak >= self.bulk_every - 1):
             self._interactive_streak += 1
-            return INTERACTIVE, self.lanes[INTERACTIVE].next_batch()
+            model = min(interactive, key=self._oldest_interactive)
+            return model, INTERACTIVE, self._batchers[model, INTERACTIVE].next_batch()
         if bulk:
-            self._bulk_owed = interactive  # chosen over ready interactive work: bulk's share
+            self._bulk_owed = bool(interactive)  # chosen over ready interactive work
             self._interactive_streak = 0
             busy = now - self._last_interactive < self.interactive_recent_s
             cap = self.busy_bulk_tokens if busy else None
-            return BULK, self.lanes[BULK].next_batch(cap)
+            model = self._next_bulk_model(bulk)
+            return model, BULK, self._batchers[model, BULK].next_batch(cap)
         return None
+
+    def _oldest_interactive(self, model: str) -> float:
+        oldest = self._batchers[model, INTERACTIVE].oldest_enqueued()
+        return float("inf") if oldest is None else oldest
+
+    def _next_bulk_model(self, ready: list[str]) -> str:
+        """Models with bulk work ready take turns, in the order they were configured."""
+        count = len(self.models)
+        for step in range(count):
+            model = self.models[(self._bulk_turn + step) % count]
+            if model in ready:
+                self._bulk_turn = (self.models.index(model) + 1) % count
+                return model
+        raise AssertionError("no bulk-ready model")  # unreachable: ``ready`` is non-empty

@@ -4,6 +4,8 @@
     kembed embed TEXT [TEXT ...]       embed texts through Kafka and print JSON
     kembed validate [--flag value ...] the quality gate: this precision against fp32
     kembed status [--json]             the consumer group: members, assignment, lag
+    kembed ingest FILE.jsonl [...]     submit documents to the bulk lane (answers to --reply-to)
+    kembed sink --target URI [...]     upsert results into pgvector or Milvus (sink/)
 
 Worker flags are generated from :class:`~worker.settings.WorkerSettings`, so a setting, its
 env var and its flag can never drift apart; a flag given on the command line wins over the
@@ -139,6 +141,51 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     status.set_defaults(handler=_run_status)
 
+    ingest = commands.add_parser(
+        "ingest",
+        help="submit the documents of a JSONL file to the bulk lane",
+        description="Read documents from a JSONL file (one JSON object per line; - reads "
+        "standard input) and submit them in batches to the bulk request topic, without "
+        "waiting for the vectors: workers answer on --reply-to, one result per batch with "
+        "the documents' ids as keys and their metadata in meta.docs, for a sink to read. "
+        "Exit status 0 when Kafka acknowledged every document, 1 when Kafka failed or "
+        "refused, 2 for unusable input or settings. Takes the Kafka flags of kembed embed.",
+    )
+    ingest.add_argument("source", metavar="FILE", help="JSONL file, or - for standard input")
+    ingest.add_argument("--text-field", default="text", help="field holding the text")
+    ingest.add_argument("--id-field", default="id", help="field holding the document id")
+    ingest.add_argument(
+        "--meta-field",
+        dest="meta_fields",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="field copied into the document's metadata (repeat for more)",
+    )
+    ingest.add_argument("--reply-to", default=None, help="topic for the results")
+    ingest.add_argument("--model", default=None, help="model to ask for")
+    ingest.add_argument("--batch-size", type=_positive_int, default=256, help="docs per request")
+    ingest.add_argument(
+        "--max-in-flight", type=_positive_int, default=4, help="requests awaiting Kafka at once"
+    )
+    ingest.add_argument(
+        "--topic",
+        default=os.environ.get("KEMBED_BULK_TOPIC") or _default("bulk_topic"),
+        help="request topic [env: KEMBED_BULK_TOPIC] (default: %(default)s)",
+    )
+    ingest.add_argument("--prompt", default=None, help="text prepended to every input")
+    ingest.add_argument("--dimensions", type=_positive_int, default=None, help="keep N dims")
+    ingest.add_argument("--no-normalize", action="store_true", help="skip L2 normalization")
+    ingest.add_argument(
+        "--encoding", choices=[str(e) for e in Encoding], default=str(Encoding.FLOAT32)
+    )
+    ingest.add_argument(
+        "--skip-invalid", action="store_true", help="skip and count bad lines instead of failing"
+    )
+    ingest.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_settings_flags(ingest, KafkaClientSettings)
+    ingest.set_defaults(handler=_run_ingest)
+
     sink = commands.add_parser(
         "sink",
         help="consume results and upsert them into PostgreSQL/pgvector or Milvus",
@@ -153,6 +200,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_settings_flags(sink, KafkaClientSettings)
     sink.set_defaults(handler=_run_sink)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
+    return value
 
 
 def _default(name: str) -> str:
@@ -320,6 +374,33 @@ def _run_embed(args: argparse.Namespace) -> int:
     json.dump(output, sys.stdout)
     sys.stdout.write("\n")
     return 0
+
+
+def _run_ingest(args: argparse.Namespace) -> int:
+    from producer_sdk.ingest_command import IngestCommand, run_ingest_command
+
+    kafka = _settings(KafkaClientSettings, args, "ingest")
+    if kafka is None:
+        return 2
+    command = IngestCommand(
+        source=args.source,
+        text_field=args.text_field,
+        id_field=args.id_field,
+        meta_fields=tuple(args.meta_fields),
+        topic=args.topic,
+        reply_to=args.reply_to,
+        model=args.model,
+        batch_size=args.batch_size,
+        max_in_flight=args.max_in_flight,
+        prompt=args.prompt,
+        normalize=not args.no_normalize,
+        dimensions=args.dimensions,
+        encoding=args.encoding,
+        skip_invalid=args.skip_invalid,
+        quiet=args.quiet,
+    )
+    security = {name: getattr(kafka, name) for name in SECURITY_FIELDS}
+    return run_ingest_command(command, kafka.bootstrap_servers, security)
 
 
 def _run_status(args: argparse.Namespace) -> int:

@@ -9,28 +9,51 @@ topic.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 
 from schemas import EmbedRequest, ErrorCode, ErrorInfo, SchemaError, decode_request
 from schemas.errors import Envelope
 from schemas.headers import envelope_from_headers
 from worker.ports import Record
 
-__all__ = ["Accepted", "DeadLetter", "Limits", "Rejected", "decode_record"]
+__all__ = ["Accepted", "DeadLetter", "Limits", "ModelLimits", "Rejected", "decode_record"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """What decoding needs to know of one served model."""
+
+    name: str
+    """The name it is served under (results' ``model``)."""
+    dim: int
+    prompt_names: Collection[str] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_request_bytes: int
     max_client_batch_size: int
-    model_names: Collection[str]
-    dim: int
+    models: Mapping[str, ModelLimits]
+    """Every name and alias a request may use, to its model; the first entry's model
+    answers requests that name none, unless ``topic_models`` says otherwise."""
+    topic_models: Mapping[str, str] = field(default_factory=dict)
+    """Request topic -> the name of the model answering its requests that name none."""
+
+    def model_for(self, requested: str | None, topic: str) -> ModelLimits | None:
+        if requested is not None:
+            return self.models.get(requested)
+        name = self.topic_models.get(topic)
+        if name is None:
+            return next(iter(self.models.values()))
+        return self.models[name]
 
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
     request: EmbedRequest
+    model: str
+    """The served name of the model that computes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,20 +90,28 @@ def decode_record(record: Record, limits: Limits, now_ms: int) -> Decoded:
         request = decode_request(record.value)
     except SchemaError as exc:
         return _answer(exc, record)
-    problem = _check(request, limits, now_ms)
-    if problem is not None:
+    model = limits.model_for(request.model, record.topic)
+    problem = _check(request, limits, model, now_ms)
+    if problem is not None or model is None:
         return Rejected(
             request.id,
             request.reply_to,
             request.reply_partition,
-            problem,
+            problem or _unknown_model(limits),
             request.keys,
             request.meta,
         )
-    return Accepted(request)
+    return Accepted(request, model.name)
 
 
-def _check(request: EmbedRequest, limits: Limits, now_ms: int) -> ErrorInfo | None:
+def _unknown_model(limits: Limits) -> ErrorInfo:
+    served = ", ".join(sorted(limits.models))
+    return ErrorInfo(ErrorCode.UNKNOWN_MODEL, f"model not served here; served: {served}")
+
+
+def _check(
+    request: EmbedRequest, limits: Limits, model: ModelLimits | None, now_ms: int
+) -> ErrorInfo | None:
     if len(request.inputs) > limits.max_client_batch_size:
         return ErrorInfo(
             ErrorCode.TOO_MANY_INPUTS,
@@ -89,12 +120,17 @@ def _check(request: EmbedRequest, limits: Limits, now_ms: int) -> ErrorInfo | No
         )
     if request.deadline_ms is not None and request.deadline_ms <= now_ms:
         return ErrorInfo(ErrorCode.DEADLINE_EXCEEDED, "deadline passed before computation")
-    if request.model is not None and request.model not in limits.model_names:
-        served = ", ".join(sorted(limits.model_names))
-        return ErrorInfo(ErrorCode.UNKNOWN_MODEL, f"model not served here; served: {served}")
-    if request.dimensions is not None and request.dimensions > limits.dim:
+    if model is None:
+        return _unknown_model(limits)
+    if request.dimensions is not None and request.dimensions > model.dim:
         return ErrorInfo(
-            ErrorCode.INVALID_REQUEST, f"'dimensions' must be <= the model's {limits.dim}"
+            ErrorCode.INVALID_REQUEST, f"'dimensions' must be <= the model's {model.dim}"
+        )
+    if request.prompt_name is not None and request.prompt_name not in model.prompt_names:
+        known = ", ".join(sorted(model.prompt_names)) or "none"
+        return ErrorInfo(
+            ErrorCode.INVALID_REQUEST,
+            f"unknown prompt_name for model {model.name}; its prompts: {known}",
         )
     return None
 

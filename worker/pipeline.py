@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -32,7 +32,7 @@ import structlog
 
 from schemas import EmbedRequest, ErrorCode, ErrorInfo
 from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler
-from worker.decode import Accepted, Limits, Rejected, decode_record
+from worker.decode import Accepted, Limits, ModelLimits, Rejected, decode_record
 from worker.delivery import make_delivery
 from worker.encoder import Encoder, Prepared
 from worker.observability.metrics import Metrics
@@ -43,7 +43,7 @@ from worker.replies import ReplyTo
 from worker.settings import WorkerSettings
 from worker.tokenization import TextTokenizer, Tokenized
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "ServedModel"]
 
 log = structlog.get_logger("kembed.worker")
 
@@ -55,6 +55,31 @@ _BULK_TOKENIZE_TEXTS = 512
 _EXPIRED_QUEUED = "deadline passed while queued, before computation"
 
 
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """A model the worker serves, with what it takes to run requests for it."""
+
+    name: str
+    """Served name: requests' ``model`` and results' ``model``."""
+    encoder: Encoder
+    tokenizer: TextTokenizer
+    aliases: frozenset[str] = frozenset()
+    """Other names requests may use for it."""
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    topics: tuple[str, ...] = ()
+    """Request topics whose requests that name no model it answers (the first model
+    answers those of any other topic)."""
+
+    def prompt_for(self, request: EmbedRequest) -> str:
+        """The text put before each input: the request's prompt, its named prompt, or the
+        model's default prompt."""
+        if request.prompt is not None:
+            return request.prompt
+        name = request.prompt_name or self.default_prompt_name
+        return self.prompts[name] if name else ""
+
+
 @dataclass(eq=False, slots=True)
 class Job:
     """A request whose inputs are being encoded; published when ``remaining`` reaches 0."""
@@ -62,6 +87,7 @@ class Job:
     record: Record
     request: EmbedRequest
     lane: str
+    model: ServedModel
     vectors: npt.NDArray[np.float32]
     tokens: list[int]
     remaining: int
@@ -70,6 +96,7 @@ class Job:
 
 @dataclass(slots=True)
 class _Batch:
+    model: ServedModel
     lane: str
     items: list[Item[Job]]
     prepared: Prepared
@@ -82,30 +109,28 @@ class Pipeline:
         *,
         source: Source,
         publisher: Publisher | TransactionalPublisher,
-        tokenizer: TextTokenizer,
-        encoder: Encoder,
+        models: Sequence[ServedModel],
         settings: WorkerSettings,
-        model_names: frozenset[str],
+        bulk_topics: frozenset[str] | None = None,
         encode_thread: ThreadPoolExecutor | None = None,
         metrics: Metrics | None = None,
     ) -> None:
+        if not models:
+            raise ValueError("a pipeline serves at least one model")
         self._source = source
         self._metrics = metrics or Metrics()
-        self._tokenizer = tokenizer
-        self._encoder = encoder
+        self._models = {model.name: model for model in models}
         self._settings = settings
-        self._model = encoder.info.name
-        self._limits = Limits(
-            max_request_bytes=settings.max_request_bytes,
-            max_client_batch_size=settings.max_client_batch_size,
-            model_names=model_names,
-            dim=encoder.info.dim,
+        self._bulk_topics = (
+            frozenset({settings.bulk_topic}) - {""} if bulk_topics is None else bulk_topics
         )
+        self._limits = _limits(models, settings)
         self._scheduler: LaneScheduler[Job] = LaneScheduler(
             settings.max_batch_tokens,
             settings.max_batch_size,
             settings.bulk_every,
             busy_bulk_tokens=settings.busy_bulk_batch_tokens,
+            models=[model.name for model in models],
         )
         self._max_wait = settings.max_batch_wait_ms / 1000
         self._tracker = OffsetTracker()
@@ -222,7 +247,7 @@ class Pipeline:
             self._failure.set_exception(error)
 
     def _lane(self, topic: str) -> str:
-        return BULK if topic == self._settings.bulk_topic else INTERACTIVE
+        return BULK if topic in self._bulk_topics else INTERACTIVE
 
     # ------------------------------------------------------------------ fetch
 
@@ -234,12 +259,13 @@ class Pipeline:
 
     async def _admit(self, records: list[Record]) -> None:
         now_ms = int(time.time() * 1000)
-        accepted: dict[str, list[tuple[Record, EmbedRequest]]] = {INTERACTIVE: [], BULK: []}
+        accepted: dict[str, list[_Admitted]] = {INTERACTIVE: [], BULK: []}
         for record in records:
             self._delivery.track(record)
             decoded = decode_record(record, self._limits, now_ms)
             if isinstance(decoded, Accepted):
-                accepted[self._lane(record.topic)].append((record, decoded.request))
+                model = self._models[decoded.model]
+                accepted[self._lane(record.topic)].append((record, decoded.request, model))
             elif isinstance(decoded, Rejected):
                 self._reject(record, decoded)
             else:
@@ -256,7 +282,7 @@ class Pipeline:
             if not accepted[lane]:
                 continue
             # Inputs count as in flight from here, so backpressure sees them at once.
-            self._inflight[lane] += sum(len(request.inputs) for _, request in accepted[lane])
+            self._inflight[lane] += sum(len(request.inputs) for _, request, _ in accepted[lane])
             self._apply_backpressure(lane)
             if lane == INTERACTIVE:
                 await self._tokenize(lane, accepted[lane])
@@ -267,37 +293,56 @@ class Pipeline:
                 for chunk in _chunks(accepted[lane], _BULK_TOKENIZE_TEXTS):
                     self._spawn(self._tokenize(lane, chunk))
 
-    async def _tokenize(self, lane: str, accepted: list[tuple[Record, EmbedRequest]]) -> None:
-        texts = [
-            (request.prompt or "") + text for _, request in accepted for text in request.inputs
-        ]
-        if sum(map(len, texts)) <= _INLINE_TOKENIZE_CHARS:
-            tokenized = self._tokenizer.encode(texts)  # cheaper than a thread hop
-        else:
-            loop = asyncio.get_running_loop()
-            tokenized = await loop.run_in_executor(
-                self._tokenize_thread, self._tokenizer.encode, texts
-            )
+    async def _tokenize(self, lane: str, accepted: list[_Admitted]) -> None:
+        """Tokenize ``accepted`` (in one call per model and truncation side) and queue the
+        inputs for batching, in the order the requests came."""
+        groups: dict[tuple[str, str | None], list[int]] = {}
+        for position, (_, request, model) in enumerate(accepted):
+            groups.setdefault((model.name, request.truncation_direction), []).append(position)
+        tokenized: list[list[Tokenized]] = [[] for _ in accepted]
+        for (name, direction), positions in groups.items():
+            model = self._models[name]
+            texts = [
+                model.prompt_for(request) + text
+                for request in (accepted[p][1] for p in positions)
+                for text in request.inputs
+            ]
+            encode = partial(model.tokenizer.encode, texts, direction)
+            if sum(map(len, texts)) <= _INLINE_TOKENIZE_CHARS:
+                pieces = encode()  # cheaper than a thread hop
+            else:
+                loop = asyncio.get_running_loop()
+                pieces = await loop.run_in_executor(self._tokenize_thread, encode)
+            start = 0
+            for position in positions:
+                count = len(accepted[position][1].inputs)
+                tokenized[position] = pieces[start : start + count]
+                start += count
         now = time.monotonic()
-        start = 0
-        for record, request in accepted:
-            pieces = tokenized[start : start + len(request.inputs)]
-            start += len(request.inputs)
-            self._enqueue(lane, record, request, pieces, now)
+        for admitted, pieces in zip(accepted, tokenized, strict=True):
+            self._enqueue(lane, *admitted, pieces, now)
         self._work_waiting.set()
 
     def _enqueue(
-        self, lane: str, record: Record, request: EmbedRequest, pieces: list[Tokenized], now: float
+        self,
+        lane: str,
+        record: Record,
+        request: EmbedRequest,
+        model: ServedModel,
+        pieces: list[Tokenized],
+        now: float,
     ) -> None:
         if not request.truncate:
             too_long = next((i for i, piece in enumerate(pieces) if piece.truncated), None)
             if too_long is not None:
+                limit = model.tokenizer.max_length
                 error = ErrorInfo(
                     ErrorCode.INPUT_TOO_LONG,
-                    f"input exceeds the model's maximum of {self._tokenizer.max_length} tokens",
+                    f"input exceeds the model's maximum of {limit} tokens",
                     too_long,
                 )
-                self._reject(record, _rejection(request, error), reserved=len(pieces))
+                rejection = _rejection(request, error)
+                self._reject(record, rejection, reserved=len(pieces), model=model.name)
                 return
         count = len(pieces)
         self._inflight_tokens[lane] += sum(len(piece.ids) for piece in pieces)
@@ -305,12 +350,13 @@ class Pipeline:
             record=record,
             request=request,
             lane=lane,
-            vectors=np.empty((count, self._encoder.info.dim), dtype=np.float32),
+            model=model,
+            vectors=np.empty((count, model.encoder.info.dim), dtype=np.float32),
             tokens=[len(piece.ids) for piece in pieces],
             remaining=count,
         )
         for index, piece in enumerate(pieces):
-            self._scheduler.add(lane, Item(job, index, piece.ids, now))
+            self._scheduler.add(lane, Item(job, index, piece.ids, now), model.name)
 
     def _apply_backpressure(self, lane: str) -> None:
         if self._inflight[lane] > self._settings.max_inflight_inputs and lane not in self._paused:
@@ -339,11 +385,14 @@ class Pipeline:
         while True:
             now = time.monotonic()
             if prepared and self._scheduler.preemptible(prepared.lane, now, self._max_wait):
-                self._scheduler.put_back(prepared.lane, prepared.items)
+                self._scheduler.put_back(prepared.lane, prepared.items, prepared.model.name)
                 prepared = None
             elif prepared and self._refillable(prepared):
-                items = self._live(self._scheduler.refill(prepared.lane, prepared.items))
-                prepared = _Batch(prepared.lane, items, self._prepare(items)) if items else None
+                model, lane = prepared.model, prepared.lane
+                items = self._live(self._scheduler.refill(lane, prepared.items, model.name))
+                prepared = (
+                    _Batch(model, lane, items, self._prepare(model, items)) if items else None
+                )
             if prepared is None:
                 prepared = self._cut(now)
             if running is None and prepared is not None:
@@ -372,11 +421,12 @@ class Pipeline:
         if not live:
             return None
         if len(live) < len(batch.items):
-            batch = _Batch(batch.lane, live, self._prepare(live))
+            batch = _Batch(batch.model, batch.lane, live, self._prepare(batch.model, live))
         batch.started = self._running_since = time.monotonic()
         self._observe_batch(batch)
         loop = asyncio.get_running_loop()
-        return batch, loop.run_in_executor(self._encode_thread, self._encoder.run, batch.prepared)
+        run = batch.model.encoder.run
+        return batch, loop.run_in_executor(self._encode_thread, run, batch.prepared)
 
     def _observe_batch(self, batch: _Batch) -> None:
         m, lane = self._metrics, batch.lane
@@ -415,7 +465,7 @@ class Pipeline:
         """A prepared batch less than half full is cut again when new inputs of its lane
         wait (requests trickling in while the encoder is busy); fuller ones run as they are,
         since re-cutting them would cost more than it gains."""
-        lane = self._scheduler.lanes[batch.lane]
+        lane = self._scheduler.lane(batch.lane, batch.model.name)
         return (
             len(lane) > 0
             and batch.prepared.rows * 2 <= self._settings.max_batch_size
@@ -423,15 +473,16 @@ class Pipeline:
         )
 
     def _cut(self, now: float) -> _Batch | None:
-        while (chosen := self._scheduler.next_batch(now, self._max_wait)) is not None:
-            lane, items = chosen
+        while (chosen := self._scheduler.next_model_batch(now, self._max_wait)) is not None:
+            name, lane, items = chosen
             items = self._live(items)
             if items:
-                return _Batch(lane, items, self._prepare(items))
+                model = self._models[name]
+                return _Batch(model, lane, items, self._prepare(model, items))
         return None
 
-    def _prepare(self, items: list[Item[Job]]) -> Prepared:
-        return self._encoder.prepare([item.ids for item in items])
+    def _prepare(self, model: ServedModel, items: list[Item[Job]]) -> Prepared:
+        return model.encoder.prepare([item.ids for item in items])
 
     def _finish(self, batch: _Batch, future: asyncio.Future[npt.NDArray[np.float32]]) -> None:
         if self._running_since == batch.started:
@@ -445,6 +496,7 @@ class Pipeline:
             return
         log.debug(
             "batch.encoded",
+            model=batch.model.name,
             lane=batch.lane,
             inputs=len(batch.items),
             padded_tokens=batch.prepared.padded_tokens,
@@ -464,7 +516,7 @@ class Pipeline:
         request = job.request
         if error is None:
             value = encode_vectors(
-                request, job.vectors, job.tokens, self._model, self._settings.max_result_bytes
+                request, job.vectors, job.tokens, job.model.name, self._settings.max_result_bytes
             )
         else:
             value = encode_error(request.id, error, request.keys, request.meta)
@@ -475,13 +527,18 @@ class Pipeline:
         average = self._tokens_per_request[job.lane]
         self._tokens_per_request[job.lane] = tokens if not average else 0.9 * average + 0.1 * tokens
         self._spawn(
-            self._answer(job.record, reply, value, job.lane, len(job.tokens), outcome, tokens)
+            self._answer(
+                job.record, reply, value, job.lane, job.model.name, len(job.tokens), outcome, tokens
+            )
         )
 
     # ------------------------------------------------------------------ publish
 
-    def _reject(self, record: Record, rejected: Rejected, reserved: int = 0) -> None:
-        """Answer with an error; ``reserved`` inputs of the request were counted in flight."""
+    def _reject(
+        self, record: Record, rejected: Rejected, reserved: int = 0, model: str | None = None
+    ) -> None:
+        """Answer with an error; ``reserved`` inputs of the request were counted in flight.
+        ``model``: the request's model, when known (metrics count the error under it)."""
         log.info(
             "request.rejected",
             request_id=rejected.request_id,
@@ -495,7 +552,10 @@ class Pipeline:
         reply = ReplyTo(rejected.request_id, rejected.reply_to, rejected.reply_partition)
         outcome = str(rejected.error.code)
         lane = self._lane(record.topic)
-        self._spawn(self._answer(record, reply, value, lane, reserved, outcome, 0))
+        if model is None:
+            default = self._limits.model_for(None, record.topic)
+            model = default.name if default is not None else ""
+        self._spawn(self._answer(record, reply, value, lane, model, reserved, outcome, 0))
 
     async def _answer(
         self,
@@ -503,6 +563,7 @@ class Pipeline:
         reply: ReplyTo,
         value: bytes,
         lane: str,
+        model: str,
         inputs: int,
         outcome: str,
         tokens: int,
@@ -518,9 +579,9 @@ class Pipeline:
             )
             self._answered(record, lane, inputs)
             m = self._metrics
-            m.requests.labels(self._model, outcome).inc()
-            m.inputs.labels(self._model, outcome).inc(inputs)
-            m.tokens.labels(self._model, outcome).inc(tokens)
+            m.requests.labels(model, outcome).inc()
+            m.inputs.labels(model, outcome).inc(inputs)
+            m.tokens.labels(model, outcome).inc(tokens)
             if record.timestamp_ms is not None and record.timestamp_ms > 0:
                 m.latency_seconds.labels(lane).observe(
                     max(0.0, time.time() - record.timestamp_ms / 1000)
@@ -568,17 +629,37 @@ class Pipeline:
         return waiting * self._tokens_per_request[lane] + self._inflight_tokens[lane]
 
 
+_Admitted = tuple[Record, EmbedRequest, ServedModel]
+
+
+def _limits(models: Sequence[ServedModel], settings: WorkerSettings) -> Limits:
+    """What decoding checks requests against: every served name and alias, and which model
+    answers each topic's requests that name none."""
+    names: dict[str, ModelLimits] = {}
+    topics: dict[str, str] = {}
+    for model in models:
+        limits = ModelLimits(model.name, model.encoder.info.dim, frozenset(model.prompts))
+        for name in (model.name, *sorted(model.aliases)):
+            names.setdefault(name, limits)
+        for topic in model.topics:
+            topics.setdefault(topic, model.name)
+    return Limits(
+        max_request_bytes=settings.max_request_bytes,
+        max_client_batch_size=settings.max_client_batch_size,
+        models=names,
+        topic_models=topics,
+    )
+
+
 def _rejection(request: EmbedRequest, error: ErrorInfo) -> Rejected:
     return Rejected(
         request.id, request.reply_to, request.reply_partition, error, request.keys, request.meta
     )
 
 
-def _chunks(
-    accepted: list[tuple[Record, EmbedRequest]], max_texts: int
-) -> Iterator[list[tuple[Record, EmbedRequest]]]:
+def _chunks(accepted: list[_Admitted], max_texts: int) -> Iterator[list[_Admitted]]:
     """Whole requests, grouped into chunks of about ``max_texts`` inputs."""
-    chunk: list[tuple[Record, EmbedRequest]] = []
+    chunk: list[_Admitted] = []
     texts = 0
     for pair in accepted:
         chunk.append(pair)

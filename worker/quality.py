@@ -165,7 +165,12 @@ def validate(
     model_dir = resolve_model_dir(settings.model)
     sentences = sorted({s for p in pairs for s in (p.first, p.second)})
     probe = TextTokenizer.from_model_dir(model_dir, 512)
-    common = {"pad_id": probe.pad_id, "threads": settings.torch_threads}
+    # The same pooling on both sides: the gate judges precision, not a pooling choice.
+    common = {
+        "pad_id": probe.pad_id,
+        "threads": settings.torch_threads,
+        "pooling": settings.pooling,
+    }
     candidate = TorchEncoder(
         model_dir,
         settings.served_name(),

@@ -6,18 +6,28 @@ not just what it is.
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
 from pathlib import Path
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
     "DEFAULT_MODEL",
     "SECURITY_FIELDS",
     "KafkaClientSettings",
+    "ModelSpec",
     "WorkerSettings",
     "describe_errors",
 ]
@@ -36,6 +46,42 @@ SECURITY_FIELDS = (
     "ssl_check_hostname",
 )
 """How to reach Kafka securely: the same names in the worker, ``kembed embed`` and the SDK."""
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+Quantization = Literal["none", "int8", "nf4"]
+Pooling = Literal["auto", "mean", "cls", "max", "lasttoken", "mean_sqrt_len"]
+TruncationDirection = Literal["right", "left"]
+
+
+class ModelSpec(BaseModel):
+    """One model a worker serves (an entry of ``KEMBED_MODELS``).
+
+    Unset fields take the worker-wide setting of the same name (``dtype``,
+    ``quantization``, ``max_seq_length``) or the model's own configuration (``pooling``,
+    ``prompts``, ``default_prompt_name``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    name: str | None = None
+    aliases: tuple[str, ...] = ()
+    dtype: DType | None = None
+    quantization: Quantization | None = None
+    max_seq_length: int | None = Field(None, gt=0)
+    pooling: Pooling = "auto"
+    truncation_direction: TruncationDirection = "right"
+    prompts: dict[str, str] | None = None
+    default_prompt_name: str | None = None
+    requests_topic: str | None = None
+    bulk_topic: str | None = None
+
+    def served_name(self) -> str:
+        return self.name or self.model
+
+
+def _json_if_text(value: Any) -> Any:
+    """Structured settings arrive as JSON text from flags (env vars are decoded already)."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 class KafkaClientSettings(BaseSettings):
@@ -235,6 +281,39 @@ class WorkerSettings(KafkaClientSettings):
         description="Cap on tokens per input; unset means the model's own maximum. Longer "
         "inputs are truncated, or rejected when the request says truncate=false.",
     )
+    pooling: Pooling = Field(
+        "auto",
+        description="How token vectors become one vector: auto reads the model's "
+        "sentence-transformers Pooling config (mean for plain Hugging Face models); mean, cls, "
+        "max, lasttoken (decoder embedders) or mean_sqrt_len override it.",
+    )
+    truncation_direction: TruncationDirection = Field(
+        "right",
+        description="Which end of an over-long input is cut: right keeps the beginning, left "
+        "keeps the end. Requests may override it (truncation_direction).",
+    )
+    prompts: dict[str, str] | None = Field(
+        None,
+        description='Named prompts, as JSON (e.g. {"query": "query: ", "passage": "passage: "}); '
+        "requests pick one with prompt_name. Unset: the model's own (sentence-transformers' "
+        "config_sentence_transformers.json), if any.",
+    )
+    default_prompt_name: str | None = Field(
+        None,
+        description="Prompt applied to requests that name none (neither prompt nor "
+        "prompt_name). Unset: the model's own default, usually none.",
+    )
+    models: tuple[ModelSpec, ...] = Field(
+        (),
+        description="Several models in one worker, as a JSON list of objects with the keys "
+        "model (required), name, aliases, dtype, quantization, max_seq_length, pooling, "
+        "truncation_direction, prompts, default_prompt_name, requests_topic, bulk_topic (a "
+        "model with its own requests_topic T has bulk topic T.bulk unless given); each "
+        "gets its own batcher, and requests pick one by name or alias. Unset keys take the "
+        "worker-wide setting. When set, the single-model settings above (model, model_name, "
+        "pooling, prompts, ...) are ignored. The first model serving a topic answers that "
+        "topic's requests that name no model.",
+    )
     quantization: Literal["none", "int8", "nf4"] = Field(
         "none",
         description="Weight quantization with bitsandbytes: int8 (LLM.int8) or nf4 (4-bit "
@@ -406,8 +485,75 @@ class WorkerSettings(KafkaClientSettings):
         "picks console on a terminal and json otherwise.",
     )
 
+    _parse_models = field_validator("models", "prompts", mode="before")(_json_if_text)
+
+    @model_validator(mode="after")
+    def _check_models(self) -> Self:
+        names: dict[str, str] = {}
+        for spec in self.model_specs():
+            served = spec.served_name()
+            for name in {served, *spec.aliases}:
+                if names.setdefault(name, served) != served:
+                    raise ValueError(f"model name {name!r} is used by two models")
+            prompts = spec.prompts or {}
+            if (
+                spec.default_prompt_name
+                and spec.prompts is not None
+                and (spec.default_prompt_name not in prompts)
+            ):
+                raise ValueError(
+                    f"default_prompt_name {spec.default_prompt_name!r} of model {served!r} "
+                    "is not one of its prompts"
+                )
+        return self
+
     def served_name(self) -> str:
         return self.model_name or self.model
+
+    def model_specs(self) -> tuple[ModelSpec, ...]:
+        """The models to serve: ``models``, or the one the single-model settings describe."""
+        if self.models:
+            return self.models
+        return (
+            ModelSpec(
+                model=self.model,
+                name=self.model_name,
+                dtype=self.dtype,
+                quantization=self.quantization,
+                max_seq_length=self.max_seq_length,
+                pooling=self.pooling,
+                truncation_direction=self.truncation_direction,
+                prompts=self.prompts,
+                default_prompt_name=self.default_prompt_name,
+            ),
+        )
+
+    def for_model(self, spec: ModelSpec) -> WorkerSettings:
+        """These settings as a single-model worker serving ``spec`` would have them."""
+        return self.model_copy(
+            update={
+                "models": (),
+                "model": spec.model,
+                "model_name": spec.name,
+                "dtype": spec.dtype or self.dtype,
+                "quantization": spec.quantization or self.quantization,
+                "max_seq_length": spec.max_seq_length or self.max_seq_length,
+                "pooling": spec.pooling,
+                "truncation_direction": spec.truncation_direction,
+                "prompts": spec.prompts,
+                "default_prompt_name": spec.default_prompt_name,
+            }
+        )
+
+    def topics_of(self, spec: ModelSpec) -> tuple[str, str]:
+        """The interactive and bulk request topics ``spec`` is served on ("" = none): its
+        own, else the worker's; a model with its own requests topic ``T`` and no bulk topic
+        given gets ``T.bulk``, as the default topics are named."""
+        if spec.requests_topic is None:
+            bulk = self.bulk_topic if spec.bulk_topic is None else spec.bulk_topic
+            return self.requests_topic, bulk
+        bulk = f"{spec.requests_topic}.bulk" if spec.bulk_topic is None else spec.bulk_topic
+        return spec.requests_topic, bulk
 
     def resolved_transactional_id(self) -> str:
         """The transactional id to use: the setting, or one no other worker has."""

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-__all__ = ["TextTokenizer", "Tokenized"]
+__all__ = ["DIRECTIONS", "TextTokenizer", "Tokenized"]
+
+DIRECTIONS = ("right", "left")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,23 +26,35 @@ class Tokenized:
 
 
 class TextTokenizer:
-    def __init__(self, tokenizer: Tokenizer, max_length: int) -> None:
-        self._tokenizer = tokenizer
+    """Cuts over-long inputs at ``direction`` by default (``right`` keeps the beginning,
+    ``left`` the end); :meth:`encode` may ask for the other end."""
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int, direction: str = "right") -> None:
+        if direction not in DIRECTIONS:
+            raise ValueError(f"truncation direction must be one of {DIRECTIONS}")
         padding = tokenizer.padding
         self.pad_id = int(padding["pad_id"]) if padding else 0
-        # The model's own limit, not tokenizer.json's (which often says 128 for 256-token
-        # models); special tokens count, as in sentence-transformers.
-        self._tokenizer.enable_truncation(max_length=max_length)
-        self._tokenizer.no_padding()
+        self._tokenizers: dict[str, Tokenizer] = {}
+        for side in DIRECTIONS:
+            copy = Tokenizer.from_str(tokenizer.to_str())
+            # The model's own limit, not tokenizer.json's (which often says 128 for 256-token
+            # models); special tokens count, as in sentence-transformers.
+            copy.enable_truncation(max_length=max_length, direction=side)
+            copy.no_padding()
+            self._tokenizers[side] = copy
         self.max_length = max_length
+        self.direction = direction
 
     @classmethod
-    def from_model_dir(cls, model_dir: Path, max_length: int) -> TextTokenizer:
+    def from_model_dir(
+        cls, model_dir: Path, max_length: int, direction: str = "right"
+    ) -> TextTokenizer:
         path = model_dir / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"{model_dir} has no tokenizer.json (a fast tokenizer)")
-        return cls(Tokenizer.from_file(str(path)), max_length)
+        return cls(Tokenizer.from_file(str(path)), max_length, direction)
 
-    def encode(self, texts: Sequence[str]) -> list[Tokenized]:
-        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=True)
+    def encode(self, texts: Sequence[str], direction: str | None = None) -> list[Tokenized]:
+        tokenizer = self._tokenizers[direction or self.direction]
+        encodings = tokenizer.encode_batch(list(texts), add_special_tokens=True)
         return [Tokenized(enc.ids, bool(enc.overflowing)) for enc in encodings]

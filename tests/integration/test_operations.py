@@ -125,7 +125,14 @@ def test_info_matches_the_settings(
         "quantization": "none",
         "max_seq_length": 256,
         "pooling": "mean",
+        "aliases": ["all-MiniLM-L6-v2"],
+        "truncation_direction": "right",
+        "prompts": {},
+        "default_prompt_name": None,
+        "requests_topic": REQUESTS,
+        "bulk_topic": BULK,
     }
+    assert info["models"] == [info["model"] | {"memory_bytes": info["models"][0]["memory_bytes"]}]
     assert info["batching"]["max_batch_tokens"] == 3072
     assert info["topics"] == {"requests": REQUESTS, "bulk": BULK, "results": RESULTS, "dlq": DLQ}
     assert info["group_id"] == f"ops-{TAG}"

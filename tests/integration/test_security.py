@@ -283,6 +283,33 @@ def test_cli_takes_credentials_from_env_and_never_prints_them(
         assert_no_secret(result.stdout + result.stderr, passwords, wrong)
 
 
+def test_kembed_ingest_needs_only_write_on_the_bulk_topic(
+    secure_kafka: LocalKafka, passwords: dict[str, str], tmp_path: Path
+) -> None:
+    """erin may not read any reply topic: `kembed ingest` (a producer-only client) still
+    works once she may write embed.requests.bulk, and before that it exits 1 naming the
+    missing right; no password in either output."""
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(f'{{"id": {i}, "text": "doc {i}"}}\n' for i in range(3)))
+    env = {
+        "KEMBED_BOOTSTRAP_SERVERS": secure_kafka.bootstrap_servers,
+        "KEMBED_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "KEMBED_SASL_MECHANISM": "SCRAM-SHA-256",
+        "KEMBED_SASL_USERNAME": "erin",
+        "KEMBED_SASL_PASSWORD": passwords["erin"],
+    }
+    denied = run_cli("ingest", str(docs), env=env)
+    secure_kafka.grant("erin", ["write"], topic="embed.requests.bulk")
+    ok = run_cli("ingest", str(docs), env=env)
+
+    assert denied.returncode == 1, denied.stderr
+    assert "User:erin is not authorized for WRITE on topic 'embed.requests.bulk'" in (denied.stderr)
+    assert ok.returncode == 0, ok.stderr
+    assert "ingested 3 documents in 1 request " in ok.stdout
+    for result in (denied, ok):
+        assert_no_secret(result.stdout + result.stderr, passwords)
+
+
 def test_worker_without_rights_exits_with_a_clear_error(
     secure_kafka: LocalKafka, passwords: dict[str, str], tmp_path: Path
 ) -> None:

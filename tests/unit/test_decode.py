@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import msgpack
 
 from schemas import EmbedRequest, ErrorCode, encode_request
 from schemas.headers import routing_headers
-from worker.decode import Accepted, DeadLetter, Limits, Rejected, decode_record
+from worker.decode import Accepted, DeadLetter, Limits, ModelLimits, Rejected, decode_record
 from worker.ports import Record
 
 NOW_MS = 1_700_000_000_000
+_MINILM = ModelLimits("minilm", 384, ("query", "passage"))
 LIMITS = Limits(
     max_request_bytes=4096,
     max_client_batch_size=4,
-    model_names=frozenset({"minilm", "all-MiniLM-L6-v2"}),
-    dim=384,
+    models={"minilm": _MINILM, "all-MiniLM-L6-v2": _MINILM},
 )
 
 
@@ -219,6 +220,67 @@ def test_dimensions_above_model_dim_is_invalid() -> None:
     result = rejected(decode(pack(body(dimensions=385))))
     assert result.error.code == ErrorCode.INVALID_REQUEST
     assert "dimensions" in result.error.message
+
+
+_CLS = ModelLimits("minilm-cls", 384)
+_TWO_MODELS = Limits(
+    max_request_bytes=4096,
+    max_client_batch_size=4,
+    models={"minilm": _MINILM, "all-MiniLM-L6-v2": _MINILM, "minilm-cls": _CLS, "cls": _CLS},
+    topic_models={"embed.requests.cls": "minilm-cls"},
+)
+
+
+def _two_models(value: bytes, topic: str = "embed.requests") -> object:
+    return decode_record(replace(record(value), topic=topic), _TWO_MODELS, NOW_MS)
+
+
+def test_request_is_routed_to_the_model_it_names_by_name_or_alias() -> None:
+    """Each accepted request carries the served name of its model; aliases resolve to it."""
+    for name, served in [("minilm-cls", "minilm-cls"), ("cls", "minilm-cls"), ("minilm", "minilm")]:
+        result = _two_models(pack(body(model=name)))
+        assert isinstance(result, Accepted)
+        assert result.model == served
+
+
+def test_request_naming_no_model_gets_its_topics_default() -> None:
+    """No model named: the topic's default model, else the first model configured."""
+    on_cls = _two_models(pack(body()), topic="embed.requests.cls")
+    on_default = _two_models(pack(body()))
+    assert isinstance(on_cls, Accepted)
+    assert isinstance(on_default, Accepted)
+    assert (on_cls.model, on_default.model) == ("minilm-cls", "minilm")
+
+
+def test_unknown_model_lists_the_served_names() -> None:
+    result = rejected(_two_models(pack(body(model="e5"))))
+    assert result.error.code == ErrorCode.UNKNOWN_MODEL
+    assert "minilm-cls" in result.error.message
+    assert "all-MiniLM-L6-v2" in result.error.message
+
+
+def test_prompt_name_must_be_one_of_the_models_prompts() -> None:
+    """A known prompt name is accepted; another, or one the model lacks, is invalid_request."""
+    assert isinstance(decode(pack(body(prompt_name="query"))), Accepted)
+    for name, limits_model in [("summary", "minilm"), ("query", "minilm-cls")]:
+        result = rejected(_two_models(pack(body(model=limits_model, prompt_name=name))))
+        assert result.error.code == ErrorCode.INVALID_REQUEST
+        assert "prompt_name" in result.error.message
+
+
+def test_prompt_and_prompt_name_together_are_invalid() -> None:
+    result = rejected(decode(pack(body(prompt="query: ", prompt_name="query"))))
+    assert result.error.code == ErrorCode.INVALID_REQUEST
+    assert "exclusive" in result.error.message
+
+
+def test_truncation_direction_must_be_right_or_left() -> None:
+    accepted = decode(pack(body(truncation_direction="left")))
+    assert isinstance(accepted, Accepted)
+    assert accepted.request.truncation_direction == "left"
+    result = rejected(decode(pack(body(truncation_direction="middle"))))
+    assert result.error.code == ErrorCode.INVALID_REQUEST
+    assert "truncation_direction" in result.error.message
 
 
 def _raw_str(data: bytes) -> bytes:

@@ -6,9 +6,16 @@ that silently downloads gigabytes at start-up is a surprise nobody wants in prod
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-__all__ = ["BUNDLED_MODEL_ALIASES", "ModelNotFoundError", "aliases_for", "resolve_model_dir"]
+__all__ = [
+    "BUNDLED_MODEL_ALIASES",
+    "ModelNotFoundError",
+    "aliases_for",
+    "read_prompts",
+    "resolve_model_dir",
+]
 
 BUNDLED_MODEL_ALIASES = ("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
 
@@ -41,3 +48,22 @@ def resolve_model_dir(spec: str) -> Path:
             f"model {spec!r} is neither a local directory nor in the local Hugging Face "
             "cache (kembed never downloads models at run time)"
         ) from exc
+
+
+def read_prompts(model_dir: Path) -> tuple[dict[str, str], str | None]:
+    """The model's named prompts and default prompt name, from sentence-transformers'
+    ``config_sentence_transformers.json`` (``prompts``, ``default_prompt_name``); none when
+    the model has no such file (plain Hugging Face models)."""
+    path = model_dir / "config_sentence_transformers.json"
+    if not path.is_file():
+        return {}, None
+    config = json.loads(path.read_text())
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+    ):
+        raise ValueError(f"{path}: 'prompts' must map names to strings")
+    default = config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ValueError(f"{path}: default_prompt_name {default!r} is not one of its prompts")
+    return dict(prompts), default

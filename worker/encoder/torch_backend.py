@@ -22,7 +22,7 @@ from transformers import AutoModel
 from transformers.utils import logging as hf_logging
 
 from worker.encoder.base import ModelInfo, Prepared
-from worker.encoder.pooling import pool, read_pooling_mode
+from worker.encoder.pooling import POOLING_MODES, pool, read_pooling_mode
 from worker.encoder.quantize import memory_bytes, quantize_linear_layers
 
 __all__ = ["TorchEncoder", "resolve_compile", "resolve_device", "resolve_dtype"]
@@ -94,6 +94,7 @@ class TorchEncoder:
         threads: int | None = None,
         compile: bool = False,
         quantization: str = "none",
+        pooling: str = "auto",
     ) -> None:
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # not a log line
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # no load reports
@@ -112,7 +113,10 @@ class TorchEncoder:
         config: Any = getattr(self._model, "config")  # noqa: B009 (untyped HF attribute)
         positions = int(getattr(config, "max_position_embeddings", 512))
         limit = _max_seq_length(model_dir, positions)
-        self._pooling = read_pooling_mode(model_dir)
+        self._pooling = read_pooling_mode(model_dir) if pooling == "auto" else pooling
+        if self._pooling not in POOLING_MODES:
+            known = ", ".join(POOLING_MODES)
+            raise ValueError(f"unknown pooling {pooling!r}; known: auto, {known}")
         self._pad_id = pad_id
         self._uses_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
         self._forward: Any = _compiled(self._model) if compile else self._model

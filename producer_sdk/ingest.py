@@ -1,0 +1,419 @@
+"""Bulk ingestion: stream documents into ``submit`` calls, and read them from JSONL.
+
+    async with EmbedClient(servers, read_replies=False) as client:
+        summary = await ingest(
+            client, JsonlReader("docs.jsonl", meta_fields=["title"]), reply_to="embed.results.docs"
+        )
+
+``ingest`` takes any iterable or async iterable of :class:`Document` and never holds more
+than ``max_in_flight + 1`` batches of it: it reads the next batch only while fewer than
+``max_in_flight`` requests await the broker's acknowledgement. It returns when every
+request is acknowledged (not answered: the answers go to ``reply_to`` for a sink to read).
+A plain iterable is read on the event loop, between sends: it should be quick to advance
+(a file is); wrap a slow source in an async iterable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import stat
+import sys
+import time
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, NamedTuple, Protocol
+
+from producer_sdk.errors import IngestError, KembedError, RequestTooLargeError
+
+__all__ = [
+    "Document",
+    "IngestSummary",
+    "JsonlError",
+    "JsonlReader",
+    "Submitter",
+    "ingest",
+]
+
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+
+
+class Document(NamedTuple):
+    """One document: its text, its id (the row id a sink writes) and optional metadata."""
+
+    text: str
+    id: str | int
+    metadata: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IngestSummary:
+    """What the broker has acknowledged so far (progress) or in all (the end)."""
+
+    documents: int
+    requests: int
+    bytes: int
+    """UTF-8 bytes of the documents' texts."""
+    seconds: float
+
+    @property
+    def documents_per_second(self) -> float:
+        return self.documents / self.seconds if self.seconds > 0 else 0.0
+
+
+class Submitter(Protocol):
+    """What ``ingest`` sends through: :class:`~producer_sdk.EmbedClient` is one."""
+
+    async def submit(
+        self,
+        texts: Sequence[str],
+        *,
+        keys: Sequence[str | int] | None = None,
+        metadata: Sequence[Mapping[str, Any] | None] | None = None,
+        meta: Mapping[str, Any] | None = None,
+        reply_to: str | None = None,
+        model: str | None = None,
+        bulk: bool = True,
+        prompt: str | None = None,
+        normalize: bool = True,
+        dimensions: int | None = None,
+        encoding: str = "float32",
+        request_id: str | None = None,
+    ) -> str: ...
+
+
+ProgressCallback = Callable[[IngestSummary], None]
+
+
+async def ingest(
+    client: Submitter,
+    documents: Iterable[Document] | AsyncIterable[Document],
+    *,
+    batch_size: int = 256,
+    max_in_flight: int = 4,
+    on_progress: ProgressCallback | None = None,
+    reply_to: str | None = None,
+    model: str | None = None,
+    bulk: bool = True,
+    meta: Mapping[str, Any] | None = None,
+    prompt: str | None = None,
+    normalize: bool = True,
+    dimensions: int | None = None,
+    encoding: str = "float32",
+) -> IngestSummary:
+    """Submit ``documents`` in requests of ``batch_size`` (the last may be smaller), with at
+    most ``max_in_flight`` requests awaiting the broker at once; return the totals.
+
+    ``on_progress`` is called after each acknowledged request with the totals so far. A
+    batch whose request would exceed the client's ``max_request_bytes`` is split in halves
+    until it fits. The other arguments go to every ``submit`` call (``meta`` is the
+    request-level meta of each request). Keep ``batch_size`` at or below the workers'
+    ``KEMBED_MAX_CLIENT_BATCH_SIZE`` (default 512).
+
+    Raises ValueError for bad arguments before anything is read, and IngestError (with the
+    ``summary`` of what was acknowledged, and the ``cause``) when a document is invalid,
+    the iterable raises, or a submit fails. Requests already in flight then finish first,
+    so the summary is exact.
+    """
+    if isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
+    if isinstance(max_in_flight, bool) or max_in_flight < 1:
+        raise ValueError(f"max_in_flight must be a positive integer, not {max_in_flight!r}")
+    options: dict[str, Any] = {
+        "reply_to": reply_to,
+        "model": model,
+        "bulk": bulk,
+        "meta": meta,
+        "prompt": prompt,
+        "normalize": normalize,
+        "dimensions": dimensions,
+        "encoding": encoding,
+    }
+    totals = _Totals(time.monotonic())
+
+    async def send(batch: list[Document]) -> None:
+        requests = await _submit(client, batch, options)
+        totals.add(batch, requests)
+        if on_progress is not None:
+            on_progress(totals.summary())
+
+    in_flight: set[asyncio.Task[None]] = set()
+    failure: BaseException | None = None
+
+    async def wait_for_one() -> None:
+        nonlocal failure
+        done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            in_flight.discard(task)
+            if failure is None and (error := task.exception()) is not None:
+                failure = error
+
+    try:
+        async for batch in _batches(documents, batch_size):
+            while len(in_flight) >= max_in_flight and failure is None:
+                await wait_for_one()
+            if failure is not None:
+                break
+            in_flight.add(asyncio.create_task(send(batch), name="kembed-ingest-submit"))
+            await asyncio.sleep(0)  # let it start sending while the next batch is read
+    except asyncio.CancelledError:
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+        raise
+    except Exception as exc:  # noqa: BLE001 (a bad document or the iterable's own error)
+        failure = exc
+    while in_flight:
+        await wait_for_one()
+    if failure is not None:
+        raise IngestError(totals.summary(), failure) from failure
+    return totals.summary()
+
+
+class _Totals:
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.documents = self.requests = self.bytes = 0
+
+    def add(self, batch: Sequence[Document], requests: int) -> None:
+        self.documents += len(batch)
+        self.requests += requests
+        self.bytes += sum(len(doc.text.encode("utf-8")) for doc in batch)
+
+    def summary(self) -> IngestSummary:
+        seconds = time.monotonic() - self.started
+        return IngestSummary(self.documents, self.requests, self.bytes, seconds)
+
+
+async def _submit(client: Submitter, batch: list[Document], options: dict[str, Any]) -> int:
+    """Submit one batch, halving it while its request is too large; return the requests."""
+    has_metadata = any(doc.metadata is not None for doc in batch)
+    try:
+        await client.submit(
+            [doc.text for doc in batch],
+            keys=[doc.id for doc in batch],
+            metadata=[doc.metadata for doc in batch] if has_metadata else None,
+            **options,
+        )
+    except RequestTooLargeError as exc:
+        if len(batch) == 1:
+            raise RequestTooLargeError(
+                exc.size, exc.limit, f" for document {batch[0].id!r} alone"
+            ) from None
+        half = len(batch) // 2
+        return await _submit(client, batch[:half], options) + await _submit(
+            client, batch[half:], options
+        )
+    return 1
+
+
+async def _batches(
+    documents: Iterable[Document] | AsyncIterable[Document], size: int
+) -> AsyncIterator[list[Document]]:
+    batch: list[Document] = []
+    position = 0
+    async for doc in _aiter(documents):
+        position += 1
+        _check_document(doc, position)
+        batch.append(doc)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+async def _aiter(
+    documents: Iterable[Document] | AsyncIterable[Document],
+) -> AsyncIterator[Document]:
+    if isinstance(documents, AsyncIterable):
+        async for doc in documents:
+            yield doc
+    else:
+        for doc in documents:
+            yield doc
+
+
+def _check_document(doc: object, position: int) -> None:
+    """Fail on a bad document with its position (1-based) rather than in a whole request."""
+    if not isinstance(doc, tuple) or not 2 <= len(doc) <= 3:
+        raise TypeError(f"document {position} is not a Document(text, id, metadata)")
+    text, doc_id = doc[0], doc[1]
+    where = f"document {position} (id {doc_id!r})"
+    if not isinstance(text, str):
+        raise TypeError(f"{where}: text must be a string, not {type(text).__name__}")
+    if not text:
+        raise ValueError(f"{where}: text is empty")
+    if isinstance(doc_id, bool) or not isinstance(doc_id, str | int):
+        raise TypeError(f"document {position}: id must be a string or an integer, not {doc_id!r}")
+    metadata = doc[2] if len(doc) == 3 else None
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError(f"{where}: metadata must be a map or None")
+
+
+# ------------------------------------------------------------------------------- JSONL
+
+
+class JsonlError(KembedError, ValueError):
+    """A line of a JSONL input is not a document; ``line`` is its 1-based number."""
+
+    def __init__(self, source: str, line: int, reason: str) -> None:
+        super().__init__(f"{source}:{line}: {reason}")
+        self.source = source
+        self.line = line
+        self.reason = reason
+
+
+class JsonlReader:
+    """Documents from a JSONL file (one JSON object per line), read lazily.
+
+    ``source`` is a path, ``"-"`` for standard input, or an open binary file (which the
+    reader does not close). Each line's
+    ``text_field`` is the text (a non-empty string) and ``id_field`` the id (a string or an
+    integer); ``meta_fields`` picks the fields copied into the document's metadata (fields
+    a line lacks are left out; None or empty: no metadata). Blank lines are skipped.
+
+    A bad line (invalid JSON or UTF-8, not an object, a missing or mistyped field) raises
+    :class:`JsonlError` naming its line, unless ``skip_invalid``: then it is skipped and
+    counted in ``skipped``, and the first few reasons are kept in ``errors``.
+
+    ``position`` is the number of bytes read so far and ``total_bytes`` the size of a
+    regular file (None for a pipe), for progress reports.
+    """
+
+    MAX_KEPT_ERRORS = 10
+
+    def __init__(
+        self,
+        source: str | Path | IO[bytes],
+        *,
+        text_field: str = "text",
+        id_field: str = "id",
+        meta_fields: Sequence[str] | None = None,
+        skip_invalid: bool = False,
+    ) -> None:
+        self.source = source
+        self.text_field = text_field
+        self.id_field = id_field
+        self.meta_fields = tuple(meta_fields or ())
+        self.skip_invalid = skip_invalid
+        self.skipped = 0
+        self.errors: list[JsonlError] = []
+        self.position = 0
+        self.total_bytes: int | None = None
+        if isinstance(source, str | Path) and str(source) != "-":
+            self.name = str(source)
+            path = Path(source)
+            if path.is_file():
+                self.total_bytes = path.stat().st_size
+        elif isinstance(source, str | Path):
+            self.name = "<stdin>"
+            stdin = getattr(sys.stdin, "buffer", None)
+            self.total_bytes = None if stdin is None else _regular_file_size(stdin)
+        else:
+            name = getattr(source, "name", None)
+            self.name = name if isinstance(name, str) else "<input>"
+            self.total_bytes = _regular_file_size(source)
+
+    def __iter__(self) -> Iterator[Document]:
+        if isinstance(self.source, str | Path):
+            if str(self.source) == "-":
+                yield from self._read(sys.stdin.buffer)
+            else:
+                with Path(self.source).open("rb") as file:
+                    yield from self._read(file)
+        else:
+            yield from self._read(self.source)
+
+    def _read(self, file: IO[bytes]) -> Iterator[Document]:
+        for number, raw in enumerate(file, start=1):
+            self.position += len(raw)
+            try:
+                doc = self.parse(raw, number)
+            except JsonlError as exc:
+                if not self.skip_invalid:
+                    raise
+                self.skipped += 1
+                if len(self.errors) < self.MAX_KEPT_ERRORS:
+                    self.errors.append(exc)
+                continue
+            if doc is not None:
+                yield doc
+
+    def parse(self, raw: bytes, number: int) -> Document | None:
+        """The document on line ``number`` (None for a blank line), or JsonlError."""
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self._error(number, f"not valid UTF-8 (byte {exc.start})") from None
+        if number == 1:
+            line = line.removeprefix("\ufeff")
+        if not line.strip():
+            return None
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise self._error(number, f"not valid JSON: {exc.msg} (column {exc.colno})") from None
+        if not isinstance(value, dict):
+            raise self._error(number, f"expected a JSON object, got {_json_type(value)}")
+        text = self._field(value, self.text_field, number)
+        if not isinstance(text, str):
+            raise self._error(
+                number, f"field {self.text_field!r} must be a string, got {_json_type(text)}"
+            )
+        if not text:
+            raise self._error(number, f"field {self.text_field!r} is empty")
+        doc_id = self._field(value, self.id_field, number)
+        if isinstance(doc_id, bool) or not isinstance(doc_id, str | int):
+            raise self._error(
+                number,
+                f"field {self.id_field!r} must be a string or an integer, got {_json_type(doc_id)}",
+            )
+        if isinstance(doc_id, int) and not _INT64_MIN <= doc_id <= _UINT64_MAX:
+            raise self._error(number, f"field {self.id_field!r} does not fit in 64 bits")
+        metadata = None
+        if self.meta_fields:
+            metadata = {name: value[name] for name in self.meta_fields if name in value}
+        return Document(text, doc_id, metadata)
+
+    def _field(self, value: dict[str, Any], name: str, number: int) -> Any:
+        if name not in value:
+            raise self._error(number, f"no field {name!r}")
+        return value[name]
+
+    def _error(self, number: int, reason: str) -> JsonlError:
+        return JsonlError(self.name, number, reason)
+
+
+def _regular_file_size(file: IO[bytes]) -> int | None:
+    """The size of an open regular file (stdin redirected from one too); None otherwise."""
+    try:
+        status = os.fstat(file.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return None
+    return status.st_size if stat.S_ISREG(status.st_mode) else None
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
