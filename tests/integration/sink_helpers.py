@@ -10,19 +10,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from schemas import EmbedRequest, Encoding, encode_request
-from schemas.headers import routing_headers
+from producer_sdk import EmbedClient
 from scripts.worker_process import ROOT, WorkerProcess
-
-BULK_TOPIC = "embed.requests.bulk"
 
 
 class SinkProcess(WorkerProcess):
@@ -115,39 +111,25 @@ async def submit_docs(
     per_request: int = 50,
     **options: Any,
 ) -> int:
-    """Send ``texts`` as document requests (``per_request`` inputs each) to the bulk lane,
-    answered on ``reply_to``: ``keys`` are the row ids, ``metadata`` per-input metadata
-    (carried as ``meta["docs"]``), as an ingesting producer does. Returns the number of
-    requests, once the broker has acknowledged all of them."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        futures = []
+    """Submit ``texts`` as an ingesting producer does (``EmbedClient.submit``, the bulk
+    lane), ``per_request`` documents per request, answered on ``reply_to``: ``keys`` are
+    the row ids, ``metadata`` the per-document metadata. Returns the number of requests,
+    once the broker has acknowledged all of them."""
+    async with EmbedClient(bootstrap) as client:
+        requests = 0
         for start in range(0, len(texts), per_request):
             end = start + per_request
-            request_meta = dict(meta or {})
-            if metadata is not None:
-                request_meta["docs"] = list(metadata[start:end])
-            request = EmbedRequest(
-                id=str(uuid.uuid4()),
-                inputs=tuple(texts[start:end]),
+            await client.submit(
+                texts[start:end],
+                keys=None if keys is None else keys[start:end],
+                metadata=None if metadata is None else metadata[start:end],
+                meta=meta,
                 reply_to=reply_to,
-                keys=None if keys is None else tuple(keys[start:end]),
-                meta=request_meta or None,
-                encoding=options.pop("encoding", Encoding.FLOAT32),
+                bulk=True,
                 **options,
             )
-            futures.append(
-                await producer.send(
-                    BULK_TOPIC,
-                    encode_request(request),
-                    headers=routing_headers(request.id, reply_to),
-                )
-            )
-        await asyncio.gather(*futures)
-        return len(futures)
-    finally:
-        await producer.stop()
+            requests += 1
+        return requests
 
 
 async def end_offsets(bootstrap: str, topic: str) -> dict[TopicPartition, int]:

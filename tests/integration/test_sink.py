@@ -346,7 +346,7 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
     postgres: LocalPostgres,
     tmp_path: Path,
 ) -> None:
-    """Error results (input_too_long, unknown_model), binary vectors, results without keys,
+    """Error results (invalid_request, unknown_model), binary vectors, results without keys,
     undecodable messages and vectors of another dimension are counted, logged with their ids
     (never texts) and copied to the sink's dead-letter topic with origin headers; none of
     them becomes a row, and the sink keeps writing the good ones."""
@@ -365,10 +365,10 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
             count = await submit_docs(
                 bootstrap,
                 ["fine", secret_text],
-                ["long-ok", "long-1"],
+                ["wide-1", "wide-2"],
                 None,
                 reply_to=topic,
-                truncate=False,
+                dimensions=1000,
             )
             count += await submit_docs(
                 bootstrap, ["x"], ["unknown-1"], None, reply_to=topic, model="no-such-model"
@@ -404,7 +404,7 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
     codes = sorted(dict(r.headers)[DLQ_ERROR_CODE].decode() for r in dead)
     assert codes == sorted(
         [
-            "input_too_long",
+            "invalid_request",
             "unknown_model",
             "unsupported_dtype",
             "missing_keys",
@@ -420,7 +420,7 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
         assert headers[DLQ_ERROR_MESSAGE]
     garbage = [r for r in dead if dict(r.headers)[DLQ_ERROR_CODE] == b"invalid_result"]
     assert garbage[0].value == b"\xc1 not msgpack"
-    for code in ("input_too_long", "unknown_model", "unsupported_dtype", "missing_keys"):
+    for code in ("invalid_request", "unknown_model", "unsupported_dtype", "missing_keys"):
         assert metric_value(metrics, "kembed_sink_errors_total", kind=code) == 1
         assert metric_value(metrics, "kembed_sink_dlq_messages_total", code=code) == 1
     assert metric_value(metrics, "kembed_sink_dlq_messages_total", code="dimension_mismatch") == 1
@@ -428,7 +428,7 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
     log = (tmp_path / "sink.log").read_text()
     assert "confidential words" not in log
     events = [e for e in sink.events() if e.get("event") == "sink.error_result"]
-    assert {tuple(e["keys"]) for e in events} == {("long-ok", "long-1"), ("unknown-1",)}
+    assert {tuple(e["keys"]) for e in events} == {("wide-1", "wide-2"), ("unknown-1",)}
     refused = {e["code"]: e for e in sink.events() if e.get("event") == "sink.refused"}
     assert refused["unsupported_dtype"]["keys"] == ["binary-1"]
     assert refused["dimension_mismatch"]["keys"] == ["dim8-1"]
