@@ -114,6 +114,11 @@ class LocalPostgres:
         )
         password_file.unlink()
         self.port = _free_port()
+        self.start_server(timeout)
+
+    def start_server(self, timeout: float = 60.0) -> None:
+        """Start the server process (again, after :meth:`stop_server`: same port, same data)."""
+        data = self.data_dir
         options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {data} -c fsync=off"
         self._run(
             "pg_ctl",
@@ -128,6 +133,10 @@ class LocalPostgres:
             str(int(timeout)),
             "start",
         )
+
+    def stop_server(self) -> None:
+        """Stop the server process, keeping its data (a database restart, for tests)."""
+        self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
 
     def stop(self) -> None:
         if self._root is None:

@@ -45,7 +45,14 @@ from worker.kafka.security import client_options
 from worker.kafka.source import KafkaSource
 from worker.observability.http import HttpServer, Response
 from worker.observability.logging import configure_logging, redacted
-from worker.ports import KafkaAccessError, PublishError, Record, TopicPartition
+from worker.ports import (
+    KafkaAccessError,
+    Publisher,
+    PublishError,
+    Record,
+    Source,
+    TopicPartition,
+)
 from worker.settings import KafkaClientSettings
 
 __all__ = ["Sink", "SinkProbes", "make_store", "run_sink"]
@@ -246,13 +253,14 @@ async def _retrying(
 
 
 class Sink:
-    """The batch loop over a Kafka source, a publisher (dead letters) and a store."""
+    """The batch loop over a source (the Kafka consumer), a publisher (dead letters) and a
+    store; the ports are worker.ports' Protocols, so it is unit-tested with fakes."""
 
     def __init__(
         self,
         *,
-        source: KafkaSource,
-        publisher: KafkaPublisher,
+        source: Source,
+        publisher: Publisher,
         store: VectorStore,
         settings: SinkSettings,
         metrics: SinkMetrics,

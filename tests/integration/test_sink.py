@@ -39,6 +39,7 @@ from tests.integration.sink_helpers import (
     milvus_rows,
     submit_docs,
     wait_drained,
+    wait_results,
 )
 
 pytestmark = pytest.mark.integration
@@ -461,6 +462,67 @@ def test_dimension_mismatch_with_an_existing_table_is_a_startup_error(
     assert asyncio.run(committed(kafka.bootstrap_servers, "sink-dim8")) == {}
     assert pg_rows(postgres, "dim8") == []
     assert postgres.password not in (tmp_path / "start.log").read_text()
+
+
+def test_database_restart_is_retried_and_loses_nothing(
+    kafka: LocalKafka, worker: WorkerProcess, postgres: LocalPostgres, tmp_path: Path
+) -> None:
+    """Postgres going down while results arrive: the sink retries the write, reconnecting
+    with backoff, commits nothing meanwhile, and writes every row once it is back."""
+    topic, group = "embed.results.pg-restart", "sink-pg-restart"
+    create_topics(kafka, topic)
+    bootstrap = kafka.bootstrap_servers
+    pairs = load_stsb()[:40]
+    ids = [f"r-{i}" for i in range(len(pairs))]
+    texts = [pair.first for pair in pairs]
+    sink = start_sink(
+        kafka,
+        tmp_path / "sink.log",
+        **pg_settings(postgres, "restarted", topic, group),
+        write_retry_s=120,
+    )
+    try:
+        sent = asyncio.run(submit_docs(bootstrap, texts[:20], ids[:20], None, reply_to=topic))
+        asyncio.run(wait_drained(bootstrap, topic, group, sent, sink))
+        before = asyncio.run(committed(bootstrap, group))
+        postgres.stop_server()
+        try:
+            sent += asyncio.run(
+                submit_docs(bootstrap, texts[20:], ids[20:], None, reply_to=topic, per_request=5)
+            )
+            asyncio.run(wait_results(bootstrap, topic, sent))
+            sink.wait_for("sink.write_retry", timeout=60)
+            assert asyncio.run(committed(bootstrap, group)) == before
+        finally:
+            postgres.start_server()
+        asyncio.run(wait_drained(bootstrap, topic, group, sent, sink))
+        metrics = sink.metrics()
+    finally:
+        assert sink.stop() == 0
+    assert [r[0] for r in pg_rows(postgres, "restarted")] == sorted(ids)
+    assert metric_value(metrics, "kembed_sink_errors_total", kind="write_retry") >= 1
+    assert metric_value(metrics, "kembed_sink_rows_upserted_total", table="restarted") == len(ids)
+
+
+def test_wrong_database_password_exits_1_and_is_never_logged(
+    kafka: LocalKafka, postgres: LocalPostgres, tmp_path: Path
+) -> None:
+    """A rejected login ends the sink with status 1 (after write_retry_s), saying why with
+    the target's URI, and the password appears nowhere in its output."""
+    wrong = "wrong-pw-4711"
+    sink = SinkProcess(
+        kafka.bootstrap_servers,
+        tmp_path / "sink.log",
+        target=f"postgresql://{postgres.user}:{wrong}@127.0.0.1:{postgres.port}/postgres",
+        results_topic="embed.results",
+        group_id="sink-bad-password",
+        write_retry_s=0,
+    )
+    assert sink.wait_exit(60) == 1
+    event = sink.wait_for("sink.write_failed", timeout=5)
+    assert "password authentication failed" in event["reason"]
+    assert f"postgresql://{postgres.user}@127.0.0.1:{postgres.port}/postgres" in event["reason"]
+    assert wrong not in (tmp_path / "sink.log").read_text()
 
 
 # ------------------------------------------------------------------ Milvus Lite
