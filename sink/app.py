@@ -1,0 +1,603 @@
+"""``kembed sink``: consume results, upsert their vectors into a database, commit offsets.
+
+One loop, one batch at a time: poll up to ``max_batch_results`` results, decode them into
+rows (``sink.rows``), write all rows in one transaction (``VectorStore.upsert``), send what
+cannot be written to the dead-letter topic (acknowledged), and only then commit the
+batch's offsets. A crash anywhere before the commit replays the batch, and the upsert by
+id makes the replay harmless: the end state is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import numpy as np
+import structlog
+
+from schemas.headers import (
+    DLQ_ERROR_CODE,
+    DLQ_ERROR_MESSAGE,
+    DLQ_OFFSET,
+    DLQ_PARTITION,
+    DLQ_TOPIC,
+)
+from sink.metrics import CONTENT_TYPE, SinkMetrics
+from sink.rows import DIMENSION_MISMATCH, Refused, Row, RowsOf, rows_of
+from sink.settings import SinkSettings
+from sink.store import (
+    DimensionMismatchError,
+    Metric,
+    RowsRefusedError,
+    TargetError,
+    TransientWriteError,
+    VectorStore,
+)
+from worker.kafka.publisher import KafkaPublisher
+from worker.kafka.security import client_options
+from worker.kafka.source import KafkaSource
+from worker.observability.http import HttpServer, Response
+from worker.observability.logging import configure_logging, redacted
+from worker.ports import (
+    KafkaAccessError,
+    Publisher,
+    PublishError,
+    Record,
+    Source,
+    TopicPartition,
+)
+from worker.settings import KafkaClientSettings
+
+__all__ = ["Sink", "SinkProbes", "make_store", "run_sink"]
+
+log = structlog.get_logger("kembed.sink")
+
+_T = TypeVar("_T")
+
+WRITE_REFUSED = "write_refused"
+WRITE_RETRY = "write_retry"
+_LOGGED_KEYS = 20  # keys named in one log line; the count says how many there were
+_UNIT_NORM_TOLERANCE = 1e-2  # int8 codes of a unit vector are unit length to within ~1e-3
+_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+_MAX_DLQ_MESSAGE = 1000
+
+
+def make_store(settings: SinkSettings) -> VectorStore:
+    """The store the target URI names."""
+    spec = settings.target_spec()
+    options: dict[str, Any] = {
+        "connect_timeout_s": settings.connect_timeout_s,
+        "hnsw_m": settings.hnsw_m,
+        "hnsw_ef_construction": settings.hnsw_ef_construction,
+    }
+    if spec.kind == "postgres":
+        from sink.postgres import PostgresStore
+
+        return PostgresStore(spec, settings.table, **options)
+    from sink.milvus import MilvusStore
+
+    return MilvusStore(spec, settings.table, **options)
+
+
+async def run_sink(settings: SinkSettings, kafka: KafkaClientSettings) -> None:
+    """Serve until SIGTERM. Raises KafkaAccessError (Kafka refused the login or a right),
+    TargetError (the target cannot be used as configured: exit 2) or TransientWriteError
+    (the database stayed unreachable for ``write_retry_s``), each logged first."""
+    configure_logging(settings.log_level, settings.log_format)
+    for chatty in ("faiss", "milvus_lite", "pymilvus"):  # Milvus Lite's start-up info lines
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
+    spec = settings.target_spec()
+    log.info(
+        "sink.starting",
+        target=spec.display,
+        kind=spec.kind,
+        settings=redacted(settings.model_dump(exclude={"target"})),
+        kafka=redacted(kafka.model_dump()),
+    )
+    metrics = SinkMetrics()
+    probes = SinkProbes(settings.health_stuck_batch_s)
+    metrics.ready.set_function(lambda: 1.0 if probes.ready()[0] else 0.0)
+    info = _info(settings, kafka)
+    metrics.info.info({k: str(v) for k, v in info.items() if not isinstance(v, dict)})
+    server = HttpServer(
+        settings.http_host,
+        settings.http_port,
+        {
+            "/health": probes.health_response,
+            "/ready": probes.ready_response,
+            "/metrics": lambda: (200, CONTENT_TYPE, metrics.exposition()),
+            "/info": lambda: (200, "application/json", _json(info)),
+        },
+    )
+    await server.start()
+    log.info("http.started", host=settings.http_host, port=server.port)
+    watcher = asyncio.create_task(probes.watch_loop())
+    try:
+        await _serve(settings, kafka, metrics, probes, info)
+    except KafkaAccessError as exc:
+        log.error(f"kafka.{exc.kind}_failed", reason=exc.reason)
+        raise
+    except DimensionMismatchError as exc:
+        log.error("sink.dimension_mismatch", reason=str(exc))
+        raise
+    except TargetError as exc:
+        log.error("sink.target_failed", reason=str(exc))
+        raise
+    except TransientWriteError as exc:
+        log.error("sink.write_failed", reason=str(exc))
+        raise
+    finally:
+        probes.phase = "stopped"
+        watcher.cancel()
+        await server.stop()
+    log.info("sink.stopped")
+
+
+async def _serve(
+    settings: SinkSettings,
+    kafka: KafkaClientSettings,
+    metrics: SinkMetrics,
+    probes: SinkProbes,
+    info: dict[str, Any],
+) -> None:
+    security = client_options(kafka)
+    dlq_topic = settings.resolved_dlq_topic()
+    publisher = KafkaPublisher(
+        kafka.bootstrap_servers,
+        client_id=settings.client_id,
+        linger_ms=0,
+        max_request_size=8 * 1024 * 1024,
+        security=security,
+    )
+    probes.phase = "connecting"
+    await publisher.start()
+    executor = ThreadPoolExecutor(1, thread_name_prefix="kembed-sink-db")
+    store = make_store(settings)
+    try:
+        await publisher.check_access(
+            {settings.results_topic: {"read"}, dlq_topic: {"write"}}, settings.group_id
+        )
+        loop = asyncio.get_running_loop()
+        table_dim = await _open_store(store, settings, executor)
+        if table_dim is not None and settings.dim is not None and table_dim != settings.dim:
+            raise DimensionMismatchError(
+                store.name, table_dim, settings.dim, "the setting dim (--dim) asks for"
+            )
+        info["dim"] = table_dim or settings.dim
+        source = KafkaSource(
+            kafka.bootstrap_servers,
+            [settings.results_topic],
+            group_id=settings.group_id,
+            client_id=settings.client_id,
+            max_poll_interval_ms=settings.max_poll_interval_ms,
+            session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            fetch_max_wait_ms=min(settings.fetch_max_wait_ms, 500),
+            security=security,
+        )
+        sink = Sink(
+            source=source,
+            publisher=publisher,
+            store=store,
+            settings=settings,
+            metrics=metrics,
+            executor=executor,
+            table_dim=table_dim,
+        )
+        probes.sink = sink
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, _stop, sink, probes, sig)
+        probes.phase = "joining"
+        await source.start(sink.on_revoked, sink.on_assigned)
+        probes.phase = "serving"
+        log.info(
+            "sink.started",
+            topic=settings.results_topic,
+            group_id=settings.group_id,
+            table=store.name,
+            dim=table_dim or settings.dim,
+            dlq_topic=dlq_topic,
+        )
+        try:
+            await sink.run()
+        finally:
+            await source.stop()  # leave the group: the partitions move at once
+    finally:
+        await asyncio.get_running_loop().run_in_executor(executor, store.close)
+        executor.shutdown(wait=False)
+        await publisher.stop()
+
+
+async def _open_store(
+    store: VectorStore, settings: SinkSettings, executor: ThreadPoolExecutor
+) -> int | None:
+    """Connect (retrying a database that is not up yet) and read the table's dimension."""
+    loop = asyncio.get_running_loop()
+
+    def opened() -> int | None:
+        store.open()
+        return store.table_dim()
+
+    return await _retrying(
+        lambda: loop.run_in_executor(executor, opened), settings.write_retry_s, "sink.connect"
+    )
+
+
+async def _retrying(
+    attempt: Callable[[], asyncio.Future[_T]],
+    retry_s: float,
+    event: str,
+    on_retry: Callable[[], None] = lambda: None,
+) -> _T:
+    """``attempt()`` until it does not raise TransientWriteError, for up to ``retry_s``."""
+    deadline = time.monotonic() + retry_s
+    tries = 0
+    while True:
+        try:
+            return await attempt()
+        except TransientWriteError as exc:
+            wait = _BACKOFF_S[min(tries, len(_BACKOFF_S) - 1)]
+            if time.monotonic() + wait > deadline:
+                raise
+            tries += 1
+            on_retry()
+            log.warning(f"{event}_retry", reason=str(exc), attempt=tries, wait_s=wait)
+            await asyncio.sleep(wait)
+
+
+class Sink:
+    """The batch loop over a source (the Kafka consumer), a publisher (dead letters) and a
+    store; the ports are worker.ports' Protocols, so it is unit-tested with fakes."""
+
+    def __init__(
+        self,
+        *,
+        source: Source,
+        publisher: Publisher,
+        store: VectorStore,
+        settings: SinkSettings,
+        metrics: SinkMetrics,
+        executor: ThreadPoolExecutor,
+        table_dim: int | None,
+    ) -> None:
+        self._source = source
+        self._publisher = publisher
+        self._store = store
+        self._settings = settings
+        self._metrics = metrics
+        self._executor = executor
+        self._dlq_topic = settings.resolved_dlq_topic()
+        self._table_exists = table_dim is not None
+        self._dim = table_dim or settings.dim
+        self._written_any = False
+        self._stopping = asyncio.Event()
+        self._busy = asyncio.Lock()
+        self._batch_started: float | None = None
+        self._pending: dict[TopicPartition, int] = {}
+        self._failure: BaseException | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def assigned_partitions(self) -> set[TopicPartition]:
+        return self._source.assignment()
+
+    def batch_seconds(self) -> float | None:
+        started = self._batch_started
+        return None if started is None else time.monotonic() - started
+
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    async def run(self) -> None:
+        """Batches until stopped; the batch in progress is finished and committed first."""
+        try:
+            while not self._stopping.is_set():
+                records = await self._source.poll(
+                    self._settings.fetch_max_wait_ms, self._settings.max_batch_results
+                )
+                self._update_lag()
+                async with self._busy:
+                    if records:
+                        await self._batch(records)
+                    if self._pending:
+                        await self._commit()
+        except BaseException as exc:
+            self._failure = exc
+            raise
+        log.info("sink.draining", pending_commits=len(self._pending))
+
+    async def on_revoked(self, partitions: set[TopicPartition]) -> None:
+        """The batch in progress finishes and commits before its partitions move."""
+        async with self._busy:
+            if self._pending:
+                await self._commit()
+        for topic, partition in partitions:
+            with contextlib.suppress(KeyError):
+                self._metrics.consumer_lag.remove(topic, str(partition))
+        if partitions:
+            log.info("partitions.revoked", partitions=_names(partitions))
+
+    async def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        log.info("partitions.assigned", partitions=_names(partitions))
+
+    # ------------------------------------------------------------------ one batch
+
+    async def _batch(self, records: list[Record]) -> None:
+        started = time.monotonic()
+        self._batch_started = started
+        try:
+            owned = self._source.assignment()
+            records = [r for r in records if r.tp in owned]  # revoked meanwhile: not ours
+            good: list[tuple[Record, RowsOf]] = []
+            dead: list[tuple[Record, Refused]] = []
+            for record in records:
+                outcome = rows_of(record.value)
+                if isinstance(outcome, Refused):
+                    dead.append((record, outcome))
+                else:
+                    good.append((record, outcome))
+            if good:
+                await self._ensure_table(good)
+                matching = [(r, res) for r, res in good if res.dim == self._dim]
+                if not matching and not self._written_any:
+                    raise DimensionMismatchError(
+                        self._store.name,
+                        self._dim or 0,
+                        good[0][1].dim,
+                        f"the results on {self._settings.results_topic!r} have",
+                    )
+                for record, result in good:
+                    if result.dim != self._dim:
+                        dead.append((record, _mismatch(result, self._dim)))
+                good = matching
+            written = await self._write(good, dead)
+            for record, refused in dead:
+                await self._dead_letter(record, refused)
+            for record in records:
+                self._pending[record.tp] = max(self._pending.get(record.tp, 0), record.offset + 1)
+            await self._commit()
+            now = time.time()
+            for record, _ in written:
+                self._metrics.latency_seconds.observe(max(0.0, now - record.timestamp_ms / 1000))
+            rows = sum(len(result.rows) for _, result in written)
+            self._metrics.batches.inc()
+            self._metrics.batch_rows.observe(rows)
+            self._metrics.batch_seconds.observe(time.monotonic() - started)
+            log.debug(
+                "sink.batch",
+                results=len(records),
+                rows=rows,
+                dead_letters=len(dead),
+                seconds=round(time.monotonic() - started, 4),
+            )
+        finally:
+            self._batch_started = None
+
+    async def _ensure_table(self, good: list[tuple[Record, RowsOf]]) -> None:
+        """Create the table at the first batch that needs it: of the configured dimension,
+        or the first result's, and the metric the settings or the vectors call for."""
+        if self._table_exists:
+            return
+        dim = self._dim or good[0][1].dim
+        metric = self._metric([result for _, result in good if result.dim == dim])
+        await self._in_db(lambda: self._store.create(dim, metric))
+        self._table_exists, self._dim = True, dim
+
+    def _metric(self, results: list[RowsOf]) -> Metric:
+        if self._settings.metric != "auto":
+            return self._settings.metric
+        vectors = np.stack([row.vector for result in results for row in result.rows])
+        norms = np.linalg.norm(vectors, axis=1)
+        unit = bool(np.all(np.abs(norms - 1.0) <= _UNIT_NORM_TOLERANCE))
+        return "inner_product" if unit else "cosine"
+
+    async def _write(
+        self, good: list[tuple[Record, RowsOf]], dead: list[tuple[Record, Refused]]
+    ) -> list[tuple[Record, RowsOf]]:
+        """Write every good result's rows in one transaction; the results written."""
+        if not good:
+            return []
+        by_id: dict[str, Row] = {}
+        for _, result in good:  # in offset order per partition: a later version wins
+            by_id.update((row.id, row) for row in result.rows)
+        started = time.monotonic()
+        try:
+            await self._upsert(list(by_id.values()))
+            written = good
+        except RowsRefusedError as exc:
+            log.warning("sink.batch_refused", reason=str(exc), results=len(good))
+            written = []
+            for record, result in good:  # one transaction each, to find the culprit(s)
+                try:
+                    await self._upsert(result.rows)
+                    written.append((record, result))
+                except RowsRefusedError as one:
+                    dead.append((record, _refused_by_db(result, str(one))))
+        self._metrics.write_seconds.observe(time.monotonic() - started)
+        for _, result in written:
+            self._metrics.rows.labels(self._store.name).inc(len(result.rows))
+            self._metrics.results.labels("written").inc()
+        self._written_any = self._written_any or bool(written)
+        return written
+
+    async def _upsert(self, rows: Sequence[Row]) -> None:
+        await _retrying(
+            lambda: self._in_db(lambda: self._store.upsert(rows)),
+            self._settings.write_retry_s,
+            "sink.write",
+            on_retry=lambda: self._metrics.errors.labels(WRITE_RETRY).inc(),
+        )
+
+    def _in_db(self, call: Callable[[], _T]) -> asyncio.Future[_T]:
+        return asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    async def _dead_letter(self, record: Record, refused: Refused) -> None:
+        fields: dict[str, Any] = {
+            "code": refused.code,
+            "request_id": refused.request_id,
+            "topic": record.topic,
+            "partition": record.partition,
+            "offset": record.offset,
+        }
+        if refused.keys:
+            fields["keys"] = list(refused.keys[:_LOGGED_KEYS])
+            fields["key_count"] = len(refused.keys)
+        event = "sink.error_result" if refused.error_result else "sink.refused"
+        log.warning(event, reason=refused.message, **fields)
+        self._metrics.errors.labels(refused.code).inc()
+        self._metrics.results.labels(refused.code).inc()
+        headers = [
+            *record.headers,
+            (DLQ_TOPIC, record.topic.encode()),
+            (DLQ_PARTITION, str(record.partition).encode()),
+            (DLQ_OFFSET, str(record.offset).encode()),
+            (DLQ_ERROR_CODE, refused.code.encode()),
+            (DLQ_ERROR_MESSAGE, refused.message[:_MAX_DLQ_MESSAGE].encode()),
+        ]
+        deadline = time.monotonic() + self._settings.write_retry_s
+        tries = 0
+        while True:
+            try:
+                await self._publisher.send(
+                    self._dlq_topic, record.value or b"", key=record.key, headers=headers
+                )
+                break
+            except PublishError as exc:
+                wait = _BACKOFF_S[min(tries, len(_BACKOFF_S) - 1)]
+                if not exc.retriable or time.monotonic() + wait > deadline:
+                    # Nothing is committed past this record: a restart retries it.
+                    raise TransientWriteError(
+                        f"cannot write to the dead-letter topic {self._dlq_topic!r}: {exc.reason}"
+                    ) from None
+                tries += 1
+                await asyncio.sleep(wait)
+        self._metrics.dlq_messages.labels(refused.code).inc()
+
+    async def _commit(self) -> None:
+        offsets = {tp: o for tp, o in self._pending.items() if tp in self._source.assignment()}
+        if not offsets:
+            self._pending.clear()
+            return
+        try:
+            await self._source.commit(offsets)
+        except Exception as exc:  # noqa: BLE001 (a rebalance in progress: the next owner replays, harmlessly)
+            log.warning("commit.failed", error=type(exc).__name__, partitions=_names(offsets))
+            return
+        self._pending.clear()
+
+    def _update_lag(self) -> None:
+        for (topic, partition), lag in self._source.lag().items():
+            self._metrics.consumer_lag.labels(topic, str(partition)).set(lag)
+
+
+def _mismatch(result: RowsOf, dim: int | None) -> Refused:
+    return Refused(
+        DIMENSION_MISMATCH,
+        f"vectors of dimension {result.dim}; the table holds dimension {dim}",
+        request_id=result.request_id,
+        keys=tuple(row.id for row in result.rows),
+    )
+
+
+def _refused_by_db(result: RowsOf, reason: str) -> Refused:
+    return Refused(
+        WRITE_REFUSED,
+        reason,
+        request_id=result.request_id,
+        keys=tuple(row.id for row in result.rows),
+    )
+
+
+def _names(partitions: Any) -> list[str]:
+    return sorted(f"{topic}-{partition}" for topic, partition in partitions)
+
+
+def _info(settings: SinkSettings, kafka: KafkaClientSettings) -> dict[str, Any]:
+    """What /info reports (and kembed_sink_info): built field by field, so no secret can
+    slip in."""
+    spec = settings.target_spec()
+    return {
+        "target": spec.display,
+        "kind": "milvus_lite" if spec.lite else spec.kind,
+        "table": settings.table,
+        "dim": settings.dim,
+        "metric": settings.metric,
+        "results_topic": settings.results_topic,
+        "dlq_topic": settings.resolved_dlq_topic(),
+        "group_id": settings.group_id,
+        "bootstrap_servers": kafka.bootstrap_servers,
+    }
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    return (json.dumps(body) + "\n").encode()
+
+
+def _stop(sink: Sink, probes: SinkProbes, sig: signal.Signals) -> None:
+    log.info("sink.stopping", signal=sig.name)
+    probes.phase = "draining"
+    sink.stop()
+
+
+class SinkProbes:
+    """/health: the event loop answers, no batch is stuck, the loop has not failed.
+    /ready: the sink serves (store open, group joined) with partitions assigned."""
+
+    def __init__(self, stuck_batch_s: float, max_loop_lag_s: float = 5.0) -> None:
+        self.phase = "starting"
+        self.sink: Sink | None = None
+        self._stuck_batch_s = stuck_batch_s
+        self._max_loop_lag_s = max_loop_lag_s
+        self._loop_lag = 0.0
+
+    async def watch_loop(self, every: float = 0.5) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            expected = loop.time() + every
+            await asyncio.sleep(every)
+            self._loop_lag = max(0.0, loop.time() - expected)
+
+    def live(self) -> tuple[bool, dict[str, Any]]:
+        problems = []
+        if self._loop_lag > self._max_loop_lag_s:
+            problems.append(f"event loop lagging {self._loop_lag:.1f} s")
+        if self.sink is not None:
+            busy = self.sink.batch_seconds()
+            if busy is not None and busy > self._stuck_batch_s:
+                problems.append(f"one batch running for {busy:.0f} s")
+            failure = self.sink.failure()
+            if failure is not None:
+                problems.append(f"sink failed: {type(failure).__name__}")
+        return not problems, {
+            "status": "ok" if not problems else "failing",
+            "problems": problems,
+            "phase": self.phase,
+        }
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        partitions = sorted(self.sink.assigned_partitions()) if self.sink else []
+        ok = self.phase == "serving" and bool(partitions)
+        reason = "ready" if ok else self.phase if self.phase != "serving" else "no partitions"
+        return ok, {
+            "ready": ok,
+            "status": reason,
+            "partitions": [f"{topic}-{partition}" for topic, partition in partitions],
+        }
+
+    def health_response(self) -> Response:
+        ok, body = self.live()
+        return (200 if ok else 503), "application/json", _json(body)
+
+    def ready_response(self) -> Response:
+        ok, body = self.ready()
+        return (200 if ok else 503), "application/json", _json(body)

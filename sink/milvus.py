@@ -1,0 +1,171 @@
+"""Milvus: the ``VectorStore`` for Milvus Lite files and Milvus servers or clusters (pymilvus).
+
+The same code serves both; only the URI differs (``milvus:///path/file.db`` opens a Lite
+file in this process, ``http://host:19530`` a server). The collection (created if
+absent) has the Postgres table's fields: ``id`` (VARCHAR primary key), ``vector``
+(FLOAT_VECTOR of the dimension), ``metadata`` (JSON), ``model`` (VARCHAR) and
+``updated_at`` (INT64, Unix milliseconds), with an HNSW index for the metric (IP, COSINE
+or L2). A batch is one ``upsert`` call: Milvus has no multi-call transactions, and an
+upsert by primary key is idempotent, so a replayed batch changes nothing but
+``updated_at``. Milvus acknowledges an upsert once it is in its write-ahead log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from pymilvus import DataType, MilvusClient
+from pymilvus.exceptions import (
+    ConnectError,
+    ConnectionConfigException,
+    DataNotMatchException,
+    DataTypeNotMatchException,
+    MilvusException,
+    MilvusUnavailableException,
+    ParamError,
+)
+
+from sink.rows import MAX_ID_BYTES, Row
+from sink.store import (
+    DimensionMismatchError,
+    Metric,
+    RowsRefusedError,
+    TargetError,
+    TransientWriteError,
+)
+from sink.targets import TargetSpec, scrub
+
+__all__ = ["MilvusStore"]
+
+log = structlog.get_logger("kembed.sink")
+
+_METRICS: dict[Metric, str] = {"inner_product": "IP", "cosine": "COSINE", "l2": "L2"}
+_MODEL_BYTES = 512
+_FIELDS = {"id", "vector", "metadata", "model", "updated_at"}
+
+
+class MilvusStore:
+    def __init__(
+        self,
+        spec: TargetSpec,
+        collection: str,
+        *,
+        connect_timeout_s: float = 10.0,
+        hnsw_m: int = 16,
+        hnsw_ef_construction: int = 64,
+    ) -> None:
+        self._spec = spec
+        self._collection = collection
+        self._timeout = connect_timeout_s
+        self._hnsw = (hnsw_m, hnsw_ef_construction)
+        self._client: Any = None
+
+    @property
+    def name(self) -> str:
+        return self._collection
+
+    def open(self) -> None:
+        self.close()
+        options: dict[str, Any] = {"uri": self._spec.uri, "timeout": self._timeout}
+        if self._spec.password is not None:
+            secret = self._spec.password.get_secret_value()
+            if self._spec.user:
+                options.update(user=self._spec.user, password=secret)
+            else:
+                options["token"] = secret
+        try:
+            self._client = MilvusClient(**options)
+        except ConnectionConfigException as exc:
+            # Milvus Lite: the file cannot be opened (another process holds it, or the
+            # directory does not exist).
+            raise TargetError(self._describe("cannot open", exc)) from None
+        except (MilvusUnavailableException, ConnectError) as exc:
+            raise TransientWriteError(self._describe("cannot connect", exc)) from None
+        except MilvusException as exc:
+            raise TargetError(self._describe("cannot connect", exc)) from None
+        if self._client.has_collection(self._collection):
+            self._client.load_collection(self._collection)
+
+    def close(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            finally:
+                self._client = None
+
+    def _connected(self) -> Any:
+        if self._client is None:
+            self.open()
+        return self._client
+
+    def table_dim(self) -> int | None:
+        client = self._connected()
+        if not client.has_collection(self._collection):
+            return None
+        fields = {f["name"]: f for f in client.describe_collection(self._collection)["fields"]}
+        missing = _FIELDS - fields.keys()
+        if missing:
+            raise TargetError(
+                f"collection {self._collection!r} exists but lacks the field(s) "
+                f"{', '.join(sorted(missing))}: it was not made by kembed sink; use another "
+                "collection"
+            )
+        vector = fields["vector"]
+        if vector["type"] != DataType.FLOAT_VECTOR:
+            raise TargetError(
+                f"collection {self._collection!r}: field vector is {vector['type']!r}, not "
+                "FLOAT_VECTOR"
+            )
+        return int(vector["params"]["dim"])
+
+    def create(self, dim: int, metric: Metric) -> None:
+        client = self._connected()
+        existing = self.table_dim()
+        if existing is not None:
+            if existing != dim:
+                raise DimensionMismatchError(self._collection, existing, dim, "the results have")
+            return
+        schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
+        schema.add_field("metadata", DataType.JSON)
+        schema.add_field("model", DataType.VARCHAR, max_length=_MODEL_BYTES)
+        schema.add_field("updated_at", DataType.INT64)
+        m, ef_construction = self._hnsw
+        index = client.prepare_index_params()
+        index.add_index(
+            field_name="vector",
+            index_type="HNSW",
+            metric_type=_METRICS[metric],
+            params={"M": m, "efConstruction": ef_construction},
+        )
+        client.create_collection(self._collection, schema=schema, index_params=index)
+        client.load_collection(self._collection)
+        log.info("sink.table_created", table=self._collection, dim=dim, metric=metric)
+
+    def upsert(self, rows: Sequence[Row]) -> None:
+        now_ms = int(time.time() * 1000)
+        data = [
+            {
+                "id": row.id,
+                "vector": row.vector.tolist(),
+                "metadata": row.metadata,
+                "model": row.model[:_MODEL_BYTES],
+                "updated_at": now_ms,
+            }
+            for row in rows
+        ]
+        try:
+            self._connected().upsert(self._collection, data)
+        except (MilvusUnavailableException, ConnectError) as exc:
+            self.close()
+            raise TransientWriteError(self._describe("write failed", exc)) from None
+        except (ParamError, DataNotMatchException, DataTypeNotMatchException) as exc:
+            raise RowsRefusedError(self._describe("rows refused", exc)) from None
+
+    def _describe(self, what: str, exc: BaseException) -> str:
+        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        return scrub(f"{what} ({self._spec.display}): {type(exc).__name__}: {message}", self._spec)

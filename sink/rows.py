@@ -1,0 +1,165 @@
+"""From a result message to database rows: pure, no Kafka, no database.
+
+A result with vectors becomes one :class:`Row` per input: its id is the request's
+``keys[i]`` (as text), its vector the float32 values whatever the wire ``dtype``, its
+metadata the request's ``meta`` without ``docs``, merged with ``meta["docs"][i]``.
+Anything else becomes a :class:`Refused` with a code for the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from schemas import EmbedResult, Encoding, ErrorResult, SchemaError, decode_result
+
+__all__ = [
+    "DOCS_KEY",
+    "MAX_ID_BYTES",
+    "Refused",
+    "Row",
+    "RowsOf",
+    "jsonable",
+    "rows_of",
+]
+
+DOCS_KEY = "docs"
+"""``meta[DOCS_KEY]``: per-input metadata, a list aligned with the request's inputs."""
+MAX_ID_BYTES = 1024
+"""Longest row id (UTF-8 bytes): a Milvus VARCHAR primary key needs a bound."""
+
+# Sink dead-letter codes (besides the worker's error codes, for error results).
+INVALID_RESULT = "invalid_result"
+UNSUPPORTED_DTYPE = "unsupported_dtype"
+MISSING_KEYS = "missing_keys"
+INVALID_KEY = "invalid_key"
+DIMENSION_MISMATCH = "dimension_mismatch"
+
+Vector = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    id: str
+    vector: Vector
+    metadata: dict[str, Any]
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class RowsOf:
+    """The rows of one result, and what the result said about itself."""
+
+    request_id: str
+    model: str
+    dim: int
+    dtype: str
+    rows: list[Row]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A message the sink does not write; it goes to the dead-letter topic with ``code``.
+
+    ``error_result`` is true for results that are errors (the worker refused the input),
+    false for messages the sink itself cannot use. ``keys`` are the row ids it would have
+    had, for the log (never texts: results carry none)."""
+
+    code: str
+    message: str
+    request_id: str | None = None
+    keys: tuple[str, ...] = ()
+    error_result: bool = False
+
+
+def rows_of(value: bytes | None) -> RowsOf | Refused:
+    """Decode one result message into rows, or say why it cannot be written."""
+    if value is None:
+        return Refused(INVALID_RESULT, "empty message (no value)")
+    try:
+        result = decode_result(value)
+    except SchemaError as exc:
+        return Refused(INVALID_RESULT, f"not a valid result: {exc.message}")
+    keys = tuple(str(key) for key in result.keys or ())
+    if isinstance(result, ErrorResult):
+        return Refused(
+            str(result.error.code),
+            result.error.message,
+            request_id=result.id,
+            keys=keys,
+            error_result=True,
+        )
+    return _rows(result, keys)
+
+
+def _rows(result: EmbedResult, keys: tuple[str, ...]) -> RowsOf | Refused:
+    def refuse(code: str, message: str) -> Refused:
+        return Refused(code, message, request_id=result.id, keys=keys)
+
+    if result.keys is None:
+        return refuse(MISSING_KEYS, "the result has no keys: rows need ids (send keys=...)")
+    if len(keys) != result.count:
+        return refuse(INVALID_RESULT, f"{len(keys)} keys for {result.count} vectors")
+    too_long = next((k for k in keys if len(k.encode("utf-8")) > MAX_ID_BYTES), None)
+    if too_long is not None:
+        return refuse(INVALID_KEY, f"a key is longer than {MAX_ID_BYTES} bytes")
+    if Encoding(result.dtype) == Encoding.BINARY:
+        return refuse(
+            UNSUPPORTED_DTYPE,
+            "binary vectors are not written: the table holds float vectors (request "
+            "float32, float16 or int8)",
+        )
+    meta = dict(result.meta or {})
+    docs = meta.pop(DOCS_KEY, None)
+    if docs is not None and (not isinstance(docs, list) or len(docs) != result.count):
+        size = len(docs) if isinstance(docs, list) else type(docs).__name__
+        return refuse(INVALID_RESULT, f"meta.docs must be a list of {result.count}, got {size}")
+    shared = jsonable(meta)
+    vectors = float_vectors(result)
+    rows = []
+    for index, key in enumerate(keys):
+        metadata = dict(shared)
+        doc = docs[index] if docs is not None else None
+        if isinstance(doc, dict):
+            metadata.update(jsonable(doc))
+        elif doc is not None:
+            metadata[DOCS_KEY] = jsonable(doc)
+        rows.append(Row(key, vectors[index], metadata, result.model))
+    return RowsOf(result.id, result.model, result.dim, str(result.dtype), rows)
+
+
+def float_vectors(result: EmbedResult) -> npt.NDArray[np.float32]:
+    """The result's vectors as float32, shape (count, dim): float16 widened, int8 codes
+    times their scales. Binary has no float values (the caller refuses it)."""
+    count, dim, blob = result.count, result.dim, result.vectors
+    match Encoding(result.dtype):
+        case Encoding.FLOAT32:
+            return np.frombuffer(blob, "<f4").reshape(count, dim).astype(np.float32)
+        case Encoding.FLOAT16:
+            return np.frombuffer(blob, "<f2").reshape(count, dim).astype(np.float32)
+        case Encoding.INT8:
+            assert result.scales is not None  # the codec requires scales with int8
+            codes = np.frombuffer(blob, "i1").reshape(count, dim).astype(np.float32)
+            scales = np.frombuffer(result.scales, "<f4").astype(np.float32)
+            return codes * scales[:, None]
+        case Encoding.BINARY:
+            raise ValueError("binary vectors have no float values")
+
+
+def jsonable(value: Any) -> Any:
+    """msgpack data as JSON data: map keys as text, bytes as base64 text, non-finite floats
+    as null (JSON and jsonb have no NaN)."""
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(item) for item in value]
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,159 @@
+"""Sink settings: every field is an env var ``KEMBED_SINK_<NAME>`` and a ``kembed sink`` flag.
+
+Where Kafka is and how to log in are not repeated here: ``kembed sink`` reads the worker's
+:class:`~worker.settings.KafkaClientSettings` (``KEMBED_BOOTSTRAP_SERVERS``,
+``KEMBED_SECURITY_PROTOCOL``, ``KEMBED_SASL_*``, ``KEMBED_SSL_*``), so one set of Kafka
+variables serves the worker, ``kembed embed`` and the sink alike.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Self
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sink.targets import TargetSpec, parse_target
+
+__all__ = ["SinkSettings"]
+
+_TABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+class SinkSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KEMBED_SINK_", extra="ignore", frozen=True)
+
+    # ------------------------------------------------------------------ the database
+    target: str = Field(
+        description="Where rows go: postgresql://user@host:5432/db (PostgreSQL with "
+        "pgvector), milvus:///path/to/file.db (Milvus Lite, a local file), or "
+        "http(s)://host:19530 (a Milvus server or cluster). Put the password in "
+        "target_password, not here; one in the URI is accepted and never logged.",
+    )
+    target_password: SecretStr | None = Field(
+        None,
+        description="Password of the Postgres user, or the Milvus token (user:password or "
+        "an API key). Prefer the env var to the flag; it is never logged.",
+    )
+    table: str = Field(
+        "kembed_docs",
+        description="Postgres table or Milvus collection, created if absent (Postgres: "
+        "schema.table allowed). Letters, digits and underscores.",
+    )
+    dim: int | None = Field(
+        None,
+        gt=0,
+        description="Vector dimension the table must have. Unset: an existing table's, or the "
+        "first result's when the sink creates the table. A table of another dimension is a "
+        "start-up error (exit 2).",
+    )
+    metric: Literal["auto", "cosine", "inner_product", "l2"] = Field(
+        "auto",
+        description="Distance of the HNSW index of a table the sink creates. auto: "
+        "inner_product when the first batch's vectors are unit length (normalized, the "
+        "default of requests; equal to cosine there, and cheaper), else cosine.",
+    )
+    hnsw_m: int = Field(16, ge=2, le=100, description="HNSW index: links per node (M).")
+    hnsw_ef_construction: int = Field(
+        64, ge=4, le=1000, description="HNSW index: candidate list size while building."
+    )
+
+    # ------------------------------------------------------------------ Kafka topics, group
+    results_topic: str = Field(
+        "embed.results.docs",
+        description="Results topic to consume (the reply_to of the ingesting producers).",
+    )
+    group_id: str = Field(
+        "kembed-sink",
+        description="Consumer group. Sinks of one group share the results partitions; give "
+        "each target its own group (each group reads every result).",
+    )
+    dlq_topic: str | None = Field(
+        None,
+        description="Dead-letter topic for results that cannot be written (error results, "
+        "undecodable messages, binary vectors, missing keys, another dimension). Default: "
+        "the results topic + '.dlq'.",
+    )
+    client_id: str = Field("kembed-sink", description="Kafka client id (quotas, broker logs).")
+    max_batch_results: int = Field(
+        200,
+        gt=0,
+        description="Most result messages per batch. A batch is one database transaction "
+        "(one Milvus upsert), followed by one offset commit.",
+    )
+    fetch_max_wait_ms: int = Field(
+        500,
+        ge=0,
+        description="How long a poll waits for results when none are waiting; also bounds "
+        "how long SIGTERM waits for an idle sink.",
+    )
+    session_timeout_ms: int = Field(
+        45_000,
+        gt=0,
+        description="Kafka session.timeout.ms: how long a dead sink holds its partitions.",
+    )
+    heartbeat_interval_ms: int = Field(3_000, gt=0, description="Kafka heartbeat.interval.ms.")
+    max_poll_interval_ms: int = Field(
+        300_000,
+        gt=0,
+        description="Kafka max.poll.interval.ms; keep it above the slowest batch write.",
+    )
+
+    # ------------------------------------------------------------------ failures
+    write_retry_s: float = Field(
+        60.0,
+        ge=0,
+        description="How long a batch whose write fails for a transient reason (database "
+        "restarting, connection lost) is retried, reconnecting with backoff, before the sink "
+        "exits (status 1) so that a restart resumes from the committed offsets.",
+    )
+    connect_timeout_s: float = Field(
+        10.0, gt=0, description="Timeout of one connection attempt to the database."
+    )
+
+    # ------------------------------------------------------------------ lifecycle
+    http_host: str = Field(
+        "0.0.0.0",  # probes and scrapes come from outside the container
+        description="Address of the HTTP endpoint (/health, /ready, /metrics).",
+    )
+    http_port: int = Field(
+        8081,
+        ge=0,
+        le=65535,
+        description="Port of the HTTP endpoint; 0 picks a free port (logged as http.started).",
+    )
+    health_stuck_batch_s: float = Field(
+        300.0,
+        gt=0,
+        description="/health fails when one batch (write, dead letters, commit) has run "
+        "longer than this, so that the orchestrator restarts the sink.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level."
+    )
+    log_format: Literal["auto", "json", "console"] = Field(
+        "auto",
+        description="json for production (one object per line), console for people; auto "
+        "picks console on a terminal and json otherwise.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        self.target_spec()  # raises ValueError, without the URI's password, when unusable
+        parts = self.table.split(".")
+        if len(parts) > 2 or not all(_TABLE.fullmatch(part) for part in parts):
+            raise ValueError(
+                f"table {self.table!r}: use letters, digits and underscores (Postgres: "
+                "optionally schema.table)"
+            )
+        if len(parts) == 2 and self.target_spec().kind != "postgres":
+            raise ValueError("table: a schema-qualified name is for Postgres targets only")
+        return self
+
+    def target_spec(self) -> TargetSpec:
+        """The parsed target (kind, redacted URI, credentials)."""
+        return parse_target(self.target, self.target_password)
+
+    def resolved_dlq_topic(self) -> str:
+        return self.dlq_topic or f"{self.results_topic}.dlq"

@@ -1,0 +1,81 @@
+"""What the sink needs from a vector database, whatever it is: the ``VectorStore`` port.
+
+Implementations (``sink.postgres``, ``sink.milvus``) are synchronous; the sink calls them
+on one dedicated thread, so a slow database never blocks its event loop (heartbeats,
+probes, metrics scrapes go on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Protocol
+
+from sink.rows import Row
+
+__all__ = [
+    "DimensionMismatchError",
+    "Metric",
+    "RowsRefusedError",
+    "TargetError",
+    "TransientWriteError",
+    "VectorStore",
+]
+
+Metric = Literal["cosine", "inner_product", "l2"]
+
+
+class TargetError(Exception):
+    """The target cannot be used as configured (wrong URI, missing rights, a table of
+    another shape): retrying will not help, the sink exits with status 2. The text never
+    holds a password."""
+
+
+class DimensionMismatchError(TargetError):
+    """The table's vector dimension differs from the results' (or the configured one).
+    ``source`` completes "but ... dimension N", e.g. "the results have"."""
+
+    def __init__(self, table: str, table_dim: int, dim: int, source: str) -> None:
+        super().__init__(
+            f"table {table!r} holds vectors of dimension {table_dim}, but {source} "
+            f"dimension {dim}: point the sink at another table (--table), or at the stream "
+            "of the model this table was built for"
+        )
+        self.table_dim = table_dim
+        self.dim = dim
+
+
+class TransientWriteError(Exception):
+    """The write failed for a reason that passes (connection lost, database restarting):
+    nothing of the batch was written; reconnect and retry."""
+
+
+class RowsRefusedError(Exception):
+    """The database refused the data of this batch for good (say, a value it cannot store):
+    nothing was written; the sink writes the batch result by result to find the culprit."""
+
+
+class VectorStore(Protocol):
+    @property
+    def name(self) -> str:
+        """The table or collection, for logs and errors."""
+        ...
+
+    def open(self) -> None:
+        """Connect (and, for Postgres, make sure pgvector is installed). Raises TargetError
+        or TransientWriteError."""
+        ...
+
+    def table_dim(self) -> int | None:
+        """The vector dimension of the existing table; None when there is no table yet."""
+        ...
+
+    def create(self, dim: int, metric: Metric) -> None:
+        """Create the table and its HNSW index if absent."""
+        ...
+
+    def upsert(self, rows: Sequence[Row]) -> None:
+        """Insert or replace ``rows`` by id, all or nothing (one transaction). Raises
+        TransientWriteError, RowsRefusedError, or anything else for a fatal failure."""
+        ...
+
+    def close(self) -> None: ...
