@@ -43,8 +43,9 @@ from sink.store import (
 from worker.kafka.publisher import KafkaPublisher
 from worker.kafka.security import client_options
 from worker.kafka.source import KafkaSource
-from worker.observability.http import HttpServer, Response
+from worker.observability.http import HttpServer
 from worker.observability.logging import configure_logging, redacted
+from worker.observability.probes import Probes
 from worker.ports import (
     KafkaAccessError,
     Publisher,
@@ -55,7 +56,7 @@ from worker.ports import (
 )
 from worker.settings import KafkaClientSettings
 
-__all__ = ["Sink", "SinkProbes", "make_store", "run_sink"]
+__all__ = ["Sink", "make_store", "run_sink"]
 
 log = structlog.get_logger("kembed.sink")
 
@@ -102,7 +103,9 @@ async def run_sink(settings: SinkSettings, kafka: KafkaClientSettings) -> None:
         kafka=redacted(kafka.model_dump()),
     )
     metrics = SinkMetrics()
-    probes = SinkProbes(settings.health_stuck_batch_s)
+    probes = Probes(
+        stuck_batch_s=settings.health_stuck_batch_s, phase="starting", busy="sink", name="sink"
+    )
     metrics.ready.set_function(lambda: 1.0 if probes.ready()[0] else 0.0)
     info = _info(settings, kafka)
     metrics.info.info({k: str(v) for k, v in info.items() if not isinstance(v, dict)})
@@ -144,7 +147,7 @@ async def _serve(
     settings: SinkSettings,
     kafka: KafkaClientSettings,
     metrics: SinkMetrics,
-    probes: SinkProbes,
+    probes: Probes,
     info: dict[str, Any],
 ) -> None:
     security = client_options(kafka)
@@ -191,7 +194,7 @@ async def _serve(
             executor=executor,
             table_dim=table_dim,
         )
-        probes.sink = sink
+        probes.pipeline = sink
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _stop, sink, probes, sig)
         probes.phase = "joining"
@@ -291,7 +294,7 @@ class Sink:
     def assigned_partitions(self) -> set[TopicPartition]:
         return self._source.assignment()
 
-    def batch_seconds(self) -> float | None:
+    def busy_seconds(self) -> float | None:
         started = self._batch_started
         return None if started is None else time.monotonic() - started
 
@@ -543,61 +546,7 @@ def _json(body: dict[str, Any]) -> bytes:
     return (json.dumps(body) + "\n").encode()
 
 
-def _stop(sink: Sink, probes: SinkProbes, sig: signal.Signals) -> None:
+def _stop(sink: Sink, probes: Probes, sig: signal.Signals) -> None:
     log.info("sink.stopping", signal=sig.name)
     probes.phase = "draining"
     sink.stop()
-
-
-class SinkProbes:
-    """/health: the event loop answers, no batch is stuck, the loop has not failed.
-    /ready: the sink serves (store open, group joined) with partitions assigned."""
-
-    def __init__(self, stuck_batch_s: float, max_loop_lag_s: float = 5.0) -> None:
-        self.phase = "starting"
-        self.sink: Sink | None = None
-        self._stuck_batch_s = stuck_batch_s
-        self._max_loop_lag_s = max_loop_lag_s
-        self._loop_lag = 0.0
-
-    async def watch_loop(self, every: float = 0.5) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            expected = loop.time() + every
-            await asyncio.sleep(every)
-            self._loop_lag = max(0.0, loop.time() - expected)
-
-    def live(self) -> tuple[bool, dict[str, Any]]:
-        problems = []
-        if self._loop_lag > self._max_loop_lag_s:
-            problems.append(f"event loop lagging {self._loop_lag:.1f} s")
-        if self.sink is not None:
-            busy = self.sink.batch_seconds()
-            if busy is not None and busy > self._stuck_batch_s:
-                problems.append(f"one batch running for {busy:.0f} s")
-            failure = self.sink.failure()
-            if failure is not None:
-                problems.append(f"sink failed: {type(failure).__name__}")
-        return not problems, {
-            "status": "ok" if not problems else "failing",
-            "problems": problems,
-            "phase": self.phase,
-        }
-
-    def ready(self) -> tuple[bool, dict[str, Any]]:
-        partitions = sorted(self.sink.assigned_partitions()) if self.sink else []
-        ok = self.phase == "serving" and bool(partitions)
-        reason = "ready" if ok else self.phase if self.phase != "serving" else "no partitions"
-        return ok, {
-            "ready": ok,
-            "status": reason,
-            "partitions": [f"{topic}-{partition}" for topic, partition in partitions],
-        }
-
-    def health_response(self) -> Response:
-        ok, body = self.live()
-        return (200 if ok else 503), "application/json", _json(body)
-
-    def ready_response(self) -> Response:
-        ok, body = self.ready()
-        return (200 if ok else 503), "application/json", _json(body)

@@ -175,7 +175,7 @@ class Pipeline:
     def assigned_partitions(self) -> set[TopicPartition]:
         return self._source.assignment()
 
-    def encoder_busy_seconds(self) -> float | None:
+    def busy_seconds(self) -> float | None:
         started = self._running_since
         return None if started is None else time.monotonic() - started
 

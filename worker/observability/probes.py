@@ -1,9 +1,10 @@
-"""Liveness and readiness of a worker, as the /health and /ready endpoints report them.
+"""Liveness and readiness of a worker (or a sink), as the /health and /ready endpoints
+report them.
 
 - live (/health): the event loop answers (and its scheduling lag is under
-  ``max_loop_lag_s``), the encoder thread is not stuck in one batch for longer than
-  ``stuck_batch_s``, and the Kafka clients have not failed. A failing liveness probe means
-  "restart me".
+  ``max_loop_lag_s``), the encoder thread (the sink: its batch) is not stuck in one batch
+  for longer than ``stuck_batch_s``, and the Kafka clients have not failed. A failing
+  liveness probe means "restart me".
 - ready (/ready): the model is loaded and warmed up (at its largest batch shape, compiled
   when compiling), and the consumer has joined its group with partitions assigned. A worker
   with no partitions (more workers than partitions) is alive but not ready: it serves
@@ -26,8 +27,8 @@ _JSON = "application/json"
 class PipelineView(Protocol):
     def assigned_partitions(self) -> set[tuple[str, int]]: ...
 
-    def encoder_busy_seconds(self) -> float | None:
-        """How long the running batch has run; None when the encoder is idle."""
+    def busy_seconds(self) -> float | None:
+        """How long the running batch has run; None when none runs."""
         ...
 
     def failure(self) -> BaseException | None: ...
@@ -39,9 +40,15 @@ class Probes:
         *,
         stuck_batch_s: float,
         max_loop_lag_s: float = 5.0,
+        phase: str = "loading",
+        busy: str = "encoder",
+        name: str = "worker",
     ) -> None:
-        self.phase = "loading"  # loading -> warming -> joining -> serving -> draining
+        # worker: loading -> warming -> (validating) -> joining -> serving -> draining
+        self.phase = phase
         self.pipeline: PipelineView | None = None
+        self._busy = busy
+        self._name = name
         self._stuck_batch_s = stuck_batch_s
         self._max_loop_lag_s = max_loop_lag_s
         self._loop_lag = 0.0
@@ -60,12 +67,12 @@ class Probes:
             problems.append(f"event loop lagging {self._loop_lag:.1f} s")
         pipeline = self.pipeline
         if pipeline is not None:
-            busy = pipeline.encoder_busy_seconds()
+            busy = pipeline.busy_seconds()
             if busy is not None and busy > self._stuck_batch_s:
-                problems.append(f"encoder stuck in one batch for {busy:.0f} s")
+                problems.append(f"{self._busy} stuck in one batch for {busy:.0f} s")
             failure = pipeline.failure()
             if failure is not None:
-                problems.append(f"worker failed: {type(failure).__name__}")
+                problems.append(f"{self._name} failed: {type(failure).__name__}")
         return not problems, {
             "status": "ok" if not problems else "failing",
             "problems": problems,
