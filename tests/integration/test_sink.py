@@ -7,6 +7,7 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,10 @@ def stsb_pg(
 
 
 def test_stsb_into_postgres_one_row_per_id_and_neighbours_rank_pairs(
-    postgres: LocalPostgres, stsb: StsDocs, stsb_pg: PgRun
+    postgres: LocalPostgres,
+    stsb: StsDocs,
+    stsb_pg: PgRun,
+    record_property: Callable[[str, object], None],
 ) -> None:
     """Every STS-B test sentence, ingested with its row number as id, is exactly one row;
     a nearest-neighbour query from sentence 1 ranks sentence 2 above a random other sentence
@@ -200,6 +204,7 @@ def test_stsb_into_postgres_one_row_per_id_and_neighbours_rank_pairs(
             ).fetchone() or (None,)
             ranked += top == second_id
         assert len(triples) > 300
+        record_property("ranked", f"{ranked}/{len(triples)}")  # reported by --junitxml
         assert ranked / len(triples) >= 0.95, (ranked, len(triples))
         conn.execute("SET enable_seqscan = off")
         plan = "\n".join(
@@ -534,6 +539,7 @@ def test_stsb_into_milvus_lite_one_row_per_id_and_neighbours_rank_pairs(
     stsb: StsDocs,
     stsb_pg: PgRun,
     tmp_path: Path,
+    record_property: Callable[[str, object], None],
 ) -> None:
     """The same STS-B stream into a Milvus Lite file: one row per id, the very vectors the
     Postgres table holds, and nearest-neighbour search ranks sentence 2 above a random
@@ -584,6 +590,7 @@ def test_stsb_into_milvus_lite_one_row_per_id_and_neighbours_rank_pairs(
                 search_params={"params": {"ef": len(rows)}},
             )
             ranked += hits[0]["id"] == second_id
+        record_property("ranked", f"{ranked}/{len(triples)}")  # reported by --junitxml
         assert ranked / len(triples) >= 0.95, (ranked, len(triples))
     finally:
         client.close()

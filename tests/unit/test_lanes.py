@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from worker.batcher import BULK, INTERACTIVE, Batcher, Item, LaneScheduler
 
 
@@ -121,3 +123,79 @@ def test_bulk_batches_shrink_while_interactive_traffic_is_recent() -> None:
     later = lanes.next_batch(now=7.0, max_wait=0.0)
     assert later is not None
     assert len(later[1]) == 10
+
+
+def _models(bulk_every: int = 4) -> LaneScheduler[str]:
+    return LaneScheduler(
+        max_batch_tokens=40, max_batch_size=4, bulk_every=bulk_every, models=("a", "b")
+    )
+
+
+def test_a_batch_holds_one_models_inputs() -> None:
+    """Inputs of two models waiting together are cut into batches of one model each."""
+    lanes = _models()
+    for i in range(3):
+        lanes.add(INTERACTIVE, _item(f"a{i}", at=i), "a")
+        lanes.add(INTERACTIVE, _item(f"b{i}", at=i + 0.5), "b")
+    batches = []
+    while (chosen := lanes.next_model_batch(now=10.0, max_wait=1.0)) is not None:
+        model, lane, items = chosen
+        batches.append((model, lane, sorted(item.job for item in items)))
+    assert batches == [
+        ("a", INTERACTIVE, ["a0", "a1", "a2"]),
+        ("b", INTERACTIVE, ["b0", "b1", "b2"]),
+    ]
+
+
+def test_the_model_whose_interactive_input_waited_longest_goes_first() -> None:
+    """Across models, interactive batches go in the order their oldest input arrived."""
+    lanes = _models()
+    lanes.add(INTERACTIVE, _item("b-old", at=1.0), "b")
+    lanes.add(INTERACTIVE, _item("a-new", at=2.0), "a")
+    first = lanes.next_model_batch(now=10.0, max_wait=1.0)
+    second = lanes.next_model_batch(now=10.0, max_wait=1.0)
+    assert first is not None
+    assert second is not None
+    assert (first[0], second[0]) == ("b", "a")
+
+
+def test_interactive_work_of_any_model_goes_before_bulk_of_another() -> None:
+    """Model a's bulk backlog waits while model b has interactive work (within bulk_every)."""
+    lanes = _models(bulk_every=3)
+    for i in range(20):
+        lanes.add(BULK, _item(f"a-bulk{i}"), "a")
+        lanes.add(INTERACTIVE, _item(f"b{i}"), "b")
+    order = []
+    for _ in range(6):
+        chosen = lanes.next_model_batch(now=0.0, max_wait=1.0)
+        assert chosen is not None
+        order.append((chosen[0], chosen[1]))
+    assert order == [("b", INTERACTIVE), ("b", INTERACTIVE), ("a", BULK)] * 2
+
+
+def test_models_with_bulk_work_take_turns() -> None:
+    """With only bulk work, the models' bulk batches alternate."""
+    lanes = _models()
+    for i in range(12):
+        lanes.add(BULK, _item(f"a{i}"), "a")
+        lanes.add(BULK, _item(f"b{i}"), "b")
+    models = []
+    for _ in range(6):
+        chosen = lanes.next_model_batch(now=0.0, max_wait=1.0)
+        assert chosen is not None
+        models.append(chosen[0])
+    assert models == ["a", "b", "a", "b", "a", "b"]
+
+
+def test_a_prepared_bulk_batch_yields_to_interactive_work_of_another_model() -> None:
+    lanes = _models()
+    assert not lanes.preemptible(BULK, now=0.0, max_wait=0.0)
+    lanes.add(INTERACTIVE, _item("b0"), "b")
+    assert lanes.preemptible(BULK, now=0.0, max_wait=0.0)
+    assert lanes.ready(INTERACTIVE, now=0.0, max_wait=0.0)
+    assert not lanes.ready(INTERACTIVE, now=0.0, max_wait=0.0, model="a")
+
+
+def test_model_names_must_be_distinct() -> None:
+    with pytest.raises(ValueError, match="distinct"):
+        LaneScheduler(max_batch_tokens=40, max_batch_size=4, bulk_every=2, models=("a", "a"))

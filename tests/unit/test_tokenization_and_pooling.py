@@ -47,6 +47,31 @@ def test_long_text_is_cut_to_max_length(tokenizer: TextTokenizer) -> None:
     assert out.ids[-1] == SEP
 
 
+def test_left_truncation_keeps_the_end_and_the_special_tokens(bundled_dir: Path) -> None:
+    """Cut on the left, a long text keeps its last tokens, still framed by [CLS] and [SEP];
+    the direction is the tokenizer's default or chosen per call."""
+    text = "first " * 300 + "one two three"
+    left = TextTokenizer.from_model_dir(bundled_dir, max_length=16, direction="left")
+    right = TextTokenizer.from_model_dir(bundled_dir, max_length=16)
+    (kept_end,) = left.encode([text])
+    (kept_start,) = right.encode([text])
+    (asked_left,) = right.encode([text], "left")
+    (tail,) = right.encode(["one two three"])
+    assert kept_end.truncated
+    assert kept_start.truncated
+    assert kept_end.ids == asked_left.ids
+    assert kept_end.ids[0] == CLS
+    assert kept_end.ids[-1] == SEP
+    assert len(kept_end.ids) == 16
+    assert kept_end.ids[-4:-1] == tail.ids[1:-1]  # "one two three" survives on the left cut
+    assert kept_start.ids[1:4] != tail.ids[1:-1]
+
+
+def test_an_unknown_truncation_direction_is_refused(bundled_dir: Path) -> None:
+    with pytest.raises(ValueError, match="truncation direction"):
+        TextTokenizer.from_model_dir(bundled_dir, max_length=16, direction="middle")
+
+
 def test_text_of_exactly_max_length_is_not_truncated(tokenizer: TextTokenizer) -> None:
     """A text whose ids exactly fill max_length (254 words + 2 specials) is not truncated."""
     (out,) = tokenizer.encode([" ".join(["word"] * 254)])
