@@ -84,6 +84,7 @@ def encode_result(result: Result) -> bytes:
         body["vectors"] = result.vectors
         _put(body, "scales", result.scales)
         body["tokens"] = list(result.tokens)
+        _put(body, "requested_ms", result.requested_ms)
     else:
         error: dict[str, Any] = {"code": str(result.error.code), "message": result.error.message}
         _put(error, "index", result.error.index)
@@ -151,6 +152,7 @@ def decode_result(data: bytes) -> Result:
     elif scales is not None:
         _fail(f"'scales' is only valid with dtype int8, not {dtype}")
     return EmbedResult(
+        requested_ms=_optional(body, "requested_ms", _non_negative),
         id=result_id,
         model=_required(body, "model", _str),
         dim=dim,

@@ -78,6 +78,9 @@ class EmbedResult:
     keys: tuple[Key, ...] | None = None
     meta: dict[str, Any] | None = None
     scales: bytes | None = None
+    requested_ms: int | None = None
+    """When the request was produced (its Kafka record timestamp, Unix epoch ms): the
+    version of these vectors, by which a sink keeps the newest answer per key."""
 
     @property
     def count(self) -> int:

@@ -222,6 +222,22 @@ def valid_cases() -> list[dict[str, Any]]:
             "2 x 3 float32, little-endian: " + json.dumps(vectors),
         ),
         (
+            "result-vectors-with-version",
+            "result",
+            {
+                "v": 1,
+                "id": "req-7",
+                "model": "sentence-transformers/all-MiniLM-L6-v2",
+                "dim": 2,
+                "dtype": "float32",
+                "vectors": struct.pack("<2f", 0.6, 0.8),
+                "tokens": [5],
+                "requested_ms": 1767225600123,
+                "keys": ["doc-9"],
+            },
+            "1 x 2 float32 [0.6, 0.8], requested at 1767225600123 ms",
+        ),
+        (
             "result-error-with-index",
             "result",
             {

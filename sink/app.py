@@ -344,7 +344,7 @@ class Sink:
             good: list[tuple[Record, RowsOf]] = []
             dead: list[tuple[Record, Refused]] = []
             for record in records:
-                outcome = rows_of(record.value)
+                outcome = rows_of(record.value, record.timestamp_ms)
                 if isinstance(outcome, Refused):
                     dead.append((record, outcome))
                 else:

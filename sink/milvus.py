@@ -3,15 +3,24 @@
 The same code serves both; only the URI differs (``milvus:///path/file.db`` opens a Lite
 file in this process, ``http://host:19530`` a server). The collection (created if
 absent) has the Postgres table's fields: ``id`` (VARCHAR primary key), ``vector``
-(FLOAT_VECTOR of the dimension), ``metadata`` (JSON), ``model`` (VARCHAR) and
-``updated_at`` (INT64, Unix milliseconds), with an HNSW index for the metric (IP, COSINE
-or L2). A batch is one ``upsert`` call: Milvus has no multi-call transactions, and an
-upsert by primary key is idempotent, so a replayed batch changes nothing but
-``updated_at``. Milvus acknowledges an upsert once it is in its write-ahead log.
+(FLOAT_VECTOR of the dimension), ``metadata`` (JSON), ``model`` (VARCHAR),
+``requested_ms`` (INT64, the row's version) and ``updated_at`` (INT64, Unix milliseconds),
+with an HNSW index for the metric (IP, COSINE or L2). A batch is one ``upsert`` call:
+Milvus has no multi-call transactions, and an upsert by primary key is idempotent, so a
+replayed batch changes nothing but ``updated_at``. Milvus acknowledges an upsert once it is
+in its write-ahead log.
+
+Milvus has no conditional upsert, so versions are kept by reading first: rows whose stored
+``requested_ms`` is newer than the batch's are left out of the upsert (and of a batch
+holding one id twice, only the newest row is written). The read and the write are two
+calls, so two sinks writing one id at the same instant could still let the older win;
+one sink group per collection, as documented, does not do that. A collection made by a sink
+that predates ``requested_ms`` is written without versions (a warning says so).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -45,6 +54,7 @@ log = structlog.get_logger("kembed.sink")
 _METRICS: dict[Metric, str] = {"inner_product": "IP", "cosine": "COSINE", "l2": "L2"}
 _MODEL_BYTES = 512
 _FIELDS = {"id", "vector", "metadata", "model", "updated_at"}
+_VERSION = "requested_ms"
 
 
 class MilvusStore:
@@ -62,6 +72,7 @@ class MilvusStore:
         self._timeout = connect_timeout_s
         self._hnsw = (hnsw_m, hnsw_ef_construction)
         self._client: Any = None
+        self._versioned = True
 
     @property
     def name(self) -> str:
@@ -113,6 +124,14 @@ class MilvusStore:
                 f"{', '.join(sorted(missing))}: it was not made by kembed sink; use another "
                 "collection"
             )
+        if _VERSION not in fields and self._versioned:
+            self._versioned = False
+            log.warning(
+                "sink.unversioned_collection",
+                table=self._collection,
+                reason=f"the collection has no {_VERSION} field (made by an older sink): a "
+                "result processed late can replace a newer row",
+            )
         vector = fields["vector"]
         if vector["type"] != DataType.FLOAT_VECTOR:
             raise TargetError(
@@ -133,6 +152,7 @@ class MilvusStore:
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
         schema.add_field("metadata", DataType.JSON)
         schema.add_field("model", DataType.VARCHAR, max_length=_MODEL_BYTES)
+        schema.add_field(_VERSION, DataType.INT64)
         schema.add_field("updated_at", DataType.INT64)
         m, ef_construction = self._hnsw
         index = client.prepare_index_params()
@@ -148,23 +168,47 @@ class MilvusStore:
 
     def upsert(self, rows: Sequence[Row]) -> None:
         now_ms = int(time.time() * 1000)
-        data = [
-            {
-                "id": row.id,
-                "vector": row.vector.tolist(),
-                "metadata": row.metadata,
-                "model": row.model[:_MODEL_BYTES],
-                "updated_at": now_ms,
-            }
-            for row in rows
-        ]
         try:
-            self._connected().upsert(self._collection, data)
+            if self._versioned:
+                rows = self._newest(rows)
+            data = [
+                {
+                    "id": row.id,
+                    "vector": row.vector.tolist(),
+                    "metadata": row.metadata,
+                    "model": row.model[:_MODEL_BYTES],
+                    "updated_at": now_ms,
+                }
+                | ({_VERSION: row.requested_ms} if self._versioned else {})
+                for row in rows
+            ]
+            if data:
+                self._connected().upsert(self._collection, data)
         except (MilvusUnavailableException, ConnectError) as exc:
             self.close()
             raise TransientWriteError(self._describe("write failed", exc)) from None
         except (ParamError, DataNotMatchException, DataTypeNotMatchException) as exc:
             raise RowsRefusedError(self._describe("rows refused", exc)) from None
+
+    def _newest(self, rows: Sequence[Row]) -> list[Row]:
+        """``rows`` without those that a newer stored row, or a newer row of the batch,
+        supersedes; a row whose stored version is equal is written again (a replay)."""
+        latest: dict[str, Row] = {}
+        for row in rows:
+            seen = latest.get(row.id)
+            if seen is None or seen.requested_ms <= row.requested_ms:
+                latest[row.id] = row
+        ids = list(latest)
+        stored: dict[str, int] = {}
+        for start in range(0, len(ids), 1000):
+            chunk = ids[start : start + 1000]
+            found = self._connected().query(
+                self._collection,
+                filter=f"id in {json.dumps(chunk, ensure_ascii=False)}",
+                output_fields=[_VERSION],
+            )
+            stored.update({hit["id"]: int(hit[_VERSION]) for hit in found})
+        return [row for row in latest.values() if stored.get(row.id, -1) <= row.requested_ms]
 
     def _describe(self, what: str, exc: BaseException) -> str:
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__

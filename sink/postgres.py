@@ -6,11 +6,15 @@ The table (created if absent)::
     vector      vector(DIM) NOT NULL     -- float32 values, whatever the wire dtype
     metadata    jsonb NOT NULL           -- meta without "docs", merged with meta["docs"][i]
     model       text NOT NULL            -- the model that computed the vector
+    requested_ms bigint NOT NULL         -- the row's version: when its request was produced
     updated_at  timestamptz NOT NULL     -- when the row was last written
 
 with an HNSW index on ``vector`` for the chosen metric (``vector_ip_ops``,
 ``vector_cosine_ops`` or ``vector_l2_ops``). A batch is one transaction of
-``INSERT ... ON CONFLICT (id) DO UPDATE``: replaying it changes nothing but ``updated_at``.
+``INSERT ... ON CONFLICT (id) DO UPDATE ... WHERE stored requested_ms <= new``: replaying
+it changes nothing but ``updated_at``, and a result older than the row (processed late: it
+came on another partition) leaves the row alone. A table made by a sink that predates
+``requested_ms`` gets the column (0 for its rows) at start-up.
 """
 
 from __future__ import annotations
@@ -155,6 +159,13 @@ class PostgresStore:
         if existing is not None:
             if existing != dim:
                 raise DimensionMismatchError(self._table_name, existing, dim, "the results have")
+            with conn.transaction():  # a table made before rows had versions
+                conn.execute(
+                    sql.SQL(
+                        "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "
+                        "requested_ms bigint NOT NULL DEFAULT 0"
+                    ).format(table=self._table)
+                )
             return
         m, ef_construction = self._hnsw
         with conn.transaction():
@@ -165,6 +176,7 @@ class PostgresStore:
                     "vector vector({dim}) NOT NULL, "
                     "metadata jsonb NOT NULL DEFAULT '{{}}'::jsonb, "
                     "model text NOT NULL, "
+                    "requested_ms bigint NOT NULL DEFAULT 0, "
                     "updated_at timestamptz NOT NULL DEFAULT now())"
                 ).format(table=self._table, dim=sql.Literal(dim))
             )
@@ -198,13 +210,17 @@ class PostgresStore:
 
     def upsert(self, rows: Sequence[Row]) -> None:
         statement = sql.SQL(
-            "INSERT INTO {table} (id, vector, metadata, model, updated_at) "
-            "VALUES (%s, %s::vector, %s, %s, now()) "
+            "INSERT INTO {table} (id, vector, metadata, model, requested_ms, updated_at) "
+            "VALUES (%s, %s::vector, %s, %s, %s, now()) "
             "ON CONFLICT (id) DO UPDATE SET vector = EXCLUDED.vector, "
             "metadata = EXCLUDED.metadata, model = EXCLUDED.model, "
-            "updated_at = EXCLUDED.updated_at"
+            "requested_ms = EXCLUDED.requested_ms, updated_at = EXCLUDED.updated_at "
+            "WHERE {table}.requested_ms <= EXCLUDED.requested_ms"
         ).format(table=self._table)
-        params = [(row.id, vector_literal(row), Jsonb(row.metadata), row.model) for row in rows]
+        params = [
+            (row.id, vector_literal(row), Jsonb(row.metadata), row.model, row.requested_ms)
+            for row in rows
+        ]
         try:
             conn = self._connection()
             with conn.transaction(), conn.cursor() as cursor:

@@ -49,6 +49,9 @@ class Row:
     vector: Vector
     metadata: dict[str, Any]
     model: str
+    requested_ms: int = 0
+    """The row's version: when its request was produced (the result's ``requested_ms``,
+    else the result record's timestamp). A store never replaces a row by an older one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +80,10 @@ class Refused:
     error_result: bool = False
 
 
-def rows_of(value: bytes | None) -> RowsOf | Refused:
-    """Decode one result message into rows, or say why it cannot be written."""
+def rows_of(value: bytes | None, record_ms: int = 0) -> RowsOf | Refused:
+    """Decode one result message into rows, or say why it cannot be written.
+    ``record_ms``: the message's Kafka timestamp, the rows' version when the result has no
+    ``requested_ms`` (a worker that predates it)."""
     if value is None:
         return Refused(INVALID_RESULT, "empty message (no value)")
     try:
@@ -94,10 +99,10 @@ def rows_of(value: bytes | None) -> RowsOf | Refused:
             keys=keys,
             error_result=True,
         )
-    return _rows(result, keys)
+    return _rows(result, keys, result.requested_ms or max(record_ms, 0))
 
 
-def _rows(result: EmbedResult, keys: tuple[str, ...]) -> RowsOf | Refused:
+def _rows(result: EmbedResult, keys: tuple[str, ...], version: int) -> RowsOf | Refused:
     def refuse(code: str, message: str) -> Refused:
         return Refused(code, message, request_id=result.id, keys=keys)
 
@@ -129,7 +134,7 @@ def _rows(result: EmbedResult, keys: tuple[str, ...]) -> RowsOf | Refused:
             metadata.update(jsonable(doc))
         elif doc is not None:
             metadata[DOCS_KEY] = jsonable(doc)
-        rows.append(Row(key, vectors[index], metadata, result.model))
+        rows.append(Row(key, vectors[index], metadata, result.model, version))
     return RowsOf(result.id, result.model, result.dim, str(result.dtype), rows)
 
 

@@ -516,7 +516,12 @@ class Pipeline:
         request = job.request
         if error is None:
             value = encode_vectors(
-                request, job.vectors, job.tokens, job.model.name, self._settings.max_result_bytes
+                request,
+                job.vectors,
+                job.tokens,
+                job.model.name,
+                self._settings.max_result_bytes,
+                requested_ms=job.record.timestamp_ms,
             )
         else:
             value = encode_error(request.id, error, request.keys, request.meta)

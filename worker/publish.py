@@ -102,8 +102,10 @@ def encode_vectors(
     tokens: list[int],
     model: str,
     max_bytes: int,
+    requested_ms: int | None = None,
 ) -> bytes:
-    """The result message; a ``result_too_large`` error if it would exceed ``max_bytes``."""
+    """The result message; a ``result_too_large`` error if it would exceed ``max_bytes``.
+    ``requested_ms``: the request record's timestamp, copied as the result's version."""
     vectors = finish(raw, normalize=request.normalize, dimensions=request.dimensions)
     blob, scales = encode_rows(vectors, request.encoding, normalized=request.normalize)
     result = EmbedResult(
@@ -116,6 +118,7 @@ def encode_vectors(
         keys=request.keys,
         meta=request.meta,
         scales=scales,
+        requested_ms=requested_ms if requested_ms else None,  # 0: no timestamp known
     )
     encoded = encode_result(result)
     if len(encoded) <= max_bytes:

@@ -80,7 +80,10 @@ from pymilvus import MilvusClient
 client = MilvusClient(sys.argv[1])
 client.load_collection(sys.argv[2])
 rows = client.query(
-    sys.argv[2], filter="", output_fields=["id", "vector", "metadata", "model"], limit=16384
+    sys.argv[2],
+    filter="",
+    output_fields=["id", "vector", "metadata", "model", "requested_ms"],
+    limit=16384,
 )
 json.dump([{**row, "vector": [float(x) for x in row["vector"]]} for row in rows], sys.stdout)
 """

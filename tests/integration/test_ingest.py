@@ -105,6 +105,9 @@ async def test_kembed_ingest_answers_each_document_once_with_its_key_and_metadat
         assert isinstance(result, EmbedResult), result
         assert result.keys is not None
         assert result.meta is not None
+        # The version sinks order rows by: the request's record timestamp (just now).
+        assert result.requested_ms is not None
+        assert abs(result.requested_ms - time.time() * 1000) < 600_000
         assert result.count == len(result.keys)
         docs = result.meta["docs"]
         assert len(docs) == len(result.keys)

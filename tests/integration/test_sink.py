@@ -638,3 +638,83 @@ def test_reingest_with_changed_text_updates_milvus_rows_in_place(
     assert all(after[i]["metadata"] == {"version": 2} for i in ids)
     changed = [i for i in ids if before[i]["vector"] != after[i]["vector"]]
     assert len(changed) >= len(ids) - 2  # a few STS-B pairs repeat a sentence
+
+
+# ------------------------------------------------------------------ versions
+
+
+def _versioned_result(request_id: str, version: int, vector: list[float]) -> bytes:
+    values = np.array([vector, vector], dtype="<f4")
+    return encode_result(
+        EmbedResult(
+            id=request_id,
+            model="m",
+            dim=3,
+            vectors=values.tobytes(),
+            tokens=(3, 3),
+            keys=("doc-1", "doc-2"),
+            meta={"docs": [{"version": version}, {"version": version}]},
+            requested_ms=version,
+        )
+    )
+
+
+@pytest.mark.parametrize("target", ["postgres", "milvus"])
+def test_a_result_processed_late_never_replaces_a_newer_row(
+    kafka: LocalKafka, postgres: LocalPostgres, tmp_path: Path, target: str
+) -> None:
+    """Results travel on different partitions, so a document's older result can be
+    processed after its newer one: the row keeps the newest request's vector (by the
+    results' requested_ms), and a replay of the same version writes it again."""
+    topic, group = f"embed.results.versions-{target}", f"sink-versions-{target}"
+    create_topics(kafka, topic)
+    settings = (
+        pg_settings(postgres, "versions", topic, group)
+        if target == "postgres"
+        else {
+            "target": f"milvus://{tmp_path / 'versions.db'}",
+            "table": "versions",
+            "results_topic": topic,
+            "group_id": group,
+        }
+    )
+    bootstrap = kafka.bootstrap_servers
+
+    async def produce(value: bytes, partition: int) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, value, partition=partition)
+        finally:
+            await producer.stop()
+
+    sink = start_sink(kafka, tmp_path / "sink.log", **settings)
+    try:
+        # One at a time, so the sink sees them in this order: newer, its replay, older.
+        for count, (name, version, vector) in enumerate(
+            [
+                ("newer", 2_000, [0.0, 1.0, 0.0]),
+                ("replay", 2_000, [0.0, 0.0, 1.0]),
+                ("older", 1_000, [1.0, 0.0, 0.0]),
+            ],
+            start=1,
+        ):
+            asyncio.run(produce(_versioned_result(name, version, vector), count))
+            asyncio.run(wait_drained(bootstrap, topic, group, count, sink))
+    finally:
+        assert sink.stop() == 0
+    if target == "postgres":
+        with psycopg.connect(postgres.dsn, password=postgres.password) as conn:
+            rows = {
+                row_id: (parse_vector(vector).tolist(), metadata, version)
+                for row_id, vector, metadata, version in conn.execute(
+                    "SELECT id, vector::text, metadata, requested_ms FROM versions"
+                ).fetchall()
+            }
+    else:
+        rows = {
+            row_id: (row["vector"], row["metadata"], row["requested_ms"])
+            for row_id, row in milvus_rows(tmp_path / "versions.db", "versions").items()
+        }
+    # The replay of version 2000 was written again; the older result, processed last, not.
+    assert rows == {doc: ([0.0, 0.0, 1.0], {"version": 2_000}, 2_000) for doc in ("doc-1", "doc-2")}

@@ -100,6 +100,7 @@ def embed_results(draw: st.DrawFn) -> EmbedResult:
         keys=None if keys is None else tuple(keys),
         meta=draw(st.none() | metas),
         scales=scales,
+        requested_ms=draw(st.none() | st.integers(min_value=0, max_value=2**62)),
     )
 
 
@@ -652,6 +653,8 @@ def test_decode_result_accepts_matching_vectors_length() -> None:
         pytest.param({"v": 0}, id="version zero"),
         pytest.param({"error": "boom"}, id="error not a map"),
         pytest.param({"error": {"code": "internal"}}, id="error without message"),
+        pytest.param({"requested_ms": -1}, id="negative requested_ms"),
+        pytest.param({"requested_ms": "1767225600000"}, id="requested_ms not an int"),
     ],
 )
 def test_decode_result_rejects_malformed(changes: dict[str, Any]) -> None:

@@ -49,6 +49,20 @@ def test_float32_result_becomes_one_row_per_key_with_merged_metadata() -> None:
     assert first.model == "m"
 
 
+def test_rows_are_versioned_by_the_request_time() -> None:
+    """A row's version is the result's requested_ms; a result without one (an older
+    worker) takes its Kafka record's timestamp; neither known: 0."""
+    versioned = rows_of(result(requested_ms=1_767_225_600_123), record_ms=1_767_225_601_000)
+    unversioned = rows_of(result(), record_ms=1_767_225_601_000)
+    unknown = rows_of(result())
+    assert isinstance(versioned, RowsOf)
+    assert isinstance(unversioned, RowsOf)
+    assert isinstance(unknown, RowsOf)
+    assert {row.requested_ms for row in versioned.rows} == {1_767_225_600_123}
+    assert {row.requested_ms for row in unversioned.rows} == {1_767_225_601_000}
+    assert {row.requested_ms for row in unknown.rows} == {0}
+
+
 def test_float16_and_int8_results_are_widened_to_float32() -> None:
     half = rows_of(
         result(vectors=VECTORS.astype("<f2").tobytes(), dtype=Encoding.FLOAT16, meta=None)
