@@ -337,13 +337,18 @@ def _run_validate(args: argparse.Namespace) -> int:
     except (OSError, ValueError, IndexError) as exc:
         print(f"kembed validate: cannot read reference pairs {path}: {exc}", file=sys.stderr)
         return 2
-    report = validate(settings, pairs, thresholds)
-    if args.json:
-        json.dump(report.as_dict(), sys.stdout)
-        sys.stdout.write("\n")
-    else:
-        print(report.summary())
-    return 0 if report.passed else 1
+    passed = True
+    specs = settings.model_specs()
+    for spec in specs:  # KEMBED_MODELS: each model as its worker would serve it
+        report = validate(settings.for_model(spec), pairs, thresholds)
+        passed = passed and report.passed
+        name = spec.served_name()
+        if args.json:
+            json.dump(report.as_dict() | ({"model": name} if len(specs) > 1 else {}), sys.stdout)
+            sys.stdout.write("\n")
+        else:
+            print(f"{name}: {report.summary()}" if len(specs) > 1 else report.summary())
+    return 0 if passed else 1
 
 
 def _run_embed(args: argparse.Namespace) -> int:

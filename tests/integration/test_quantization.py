@@ -5,6 +5,7 @@ Kafka are in test_precisions.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -74,3 +75,32 @@ def test_worker_refuses_to_start_when_the_gate_fails(kafka: LocalKafka, tmp_path
     events = [e.get("event") for e in worker.events()]
     assert "quality_gate.failed" in events
     assert "partitions.assigned" not in events
+
+
+def test_validate_judges_each_model_of_kembed_models() -> None:
+    """With KEMBED_MODELS, kembed validate judges every model as its worker would serve it,
+    one report per model; one failing model fails the command."""
+    models = [
+        {"model": "sentence-transformers/all-MiniLM-L6-v2", "name": "bf16", "dtype": "bfloat16"},
+        {
+            "model": "sentence-transformers/all-MiniLM-L6-v2",
+            "name": "nf4",
+            "dtype": "float32",
+            "quantization": "nf4",
+        },
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "validate", "--limit", "100", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "KEMBED_MODELS": json.dumps(models)},
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    reports = {r["model"]: r for r in map(json.loads, done.stdout.strip().splitlines())}
+    assert sorted(reports) == ["bf16", "nf4"]
+    assert reports["bf16"]["passed"] is True
+    assert reports["bf16"]["candidate"]["dtype"] == "bfloat16"
+    assert reports["nf4"]["passed"] is False
+    assert reports["nf4"]["candidate"]["quantization"] == "nf4"
