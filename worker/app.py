@@ -81,6 +81,7 @@ def load_served_model(settings: WorkerSettings, spec: ModelSpec) -> ServedModel:
     if default is not None and default not in prompts:
         raise ValueError(f"default_prompt_name {default!r} is not one of the model's prompts")
     name = spec.served_name()
+    requests_topic, bulk_topic = settings.topics_of(spec)
     return ServedModel(
         name=name,
         encoder=encoder,
@@ -88,7 +89,8 @@ def load_served_model(settings: WorkerSettings, spec: ModelSpec) -> ServedModel:
         aliases=(names | set(spec.aliases)) - {name},
         prompts=prompts,
         default_prompt_name=default,
-        topics=tuple(topic for topic in settings.topics_of(spec) if topic),
+        requests_topic=requests_topic,
+        bulk_topic=bulk_topic,
     )
 
 
@@ -136,22 +138,10 @@ async def run_worker(settings: WorkerSettings) -> None:
     log.info("worker.stopped")
 
 
-def request_topics(settings: WorkerSettings) -> tuple[list[str], list[str]]:
-    """The interactive and the bulk request topics of all the worker's models, in order."""
-    interactive: list[str] = []
-    bulk: list[str] = []
-    for spec in settings.model_specs():
-        requests, bulk_topic = settings.topics_of(spec)
-        for topics, topic in ((interactive, requests), (bulk, bulk_topic)):
-            if topic and topic not in topics:
-                topics.append(topic)
-    return interactive, bulk
-
-
 def _topic_needs(settings: WorkerSettings) -> dict[str, set[str]]:
     """What the worker's principal must be allowed to do, per topic."""
     needs: dict[str, set[str]] = {}
-    for topic in (topic for topics in request_topics(settings) for topic in topics):
+    for topic in (topic for topics in settings.request_topics() for topic in topics):
         needs.setdefault(topic, set()).add("read")
     for topic in (settings.results_topic, settings.dlq_topic):
         needs.setdefault(topic, set()).add("write")
@@ -242,7 +232,7 @@ async def _load_and_run(
                 raise QualityGateFailedError(f"{spec.served_name()}: {report.summary()}")
             log.info("quality_gate.passed", **fields)
     probes.phase = "joining"
-    interactive_topics, bulk_topics = request_topics(settings)
+    interactive_topics, bulk_topics = settings.request_topics()
     source = KafkaSource(
         settings.bootstrap_servers,
         interactive_topics + bulk_topics,
@@ -259,7 +249,6 @@ async def _load_and_run(
         publisher=publisher,
         models=models,
         settings=settings,
-        bulk_topics=frozenset(bulk_topics),
         encode_thread=encode_thread,
         metrics=metrics,
     )
@@ -353,8 +342,8 @@ def model_info(model: ServedModel) -> dict[str, Any]:
         "truncation_direction": model.tokenizer.direction,
         "prompts": dict(model.prompts),
         "default_prompt_name": model.default_prompt_name,
-        "requests_topic": model.topics[0] if model.topics else None,
-        "bulk_topic": model.topics[1] if len(model.topics) > 1 else None,
+        "requests_topic": model.requests_topic or None,
+        "bulk_topic": model.bulk_topic or None,
     }
 
 

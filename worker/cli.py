@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         "--topics",
         default=",".join(_request_topics()),
         help="request topics to report, comma separated "
-        "[env: KEMBED_REQUESTS_TOPIC, KEMBED_BULK_TOPIC] (default: %(default)s)",
+        "[env: KEMBED_REQUESTS_TOPIC, KEMBED_BULK_TOPIC, KEMBED_MODELS] (default: %(default)s)",
     )
     status.add_argument(
         "--metrics-url",
@@ -219,12 +219,13 @@ def _default(name: str) -> str:
 
 
 def _request_topics() -> list[str]:
-    """The worker's request topics, as its env vars (or their defaults) name them."""
-    topics = [
-        os.environ.get("KEMBED_REQUESTS_TOPIC", _default("requests_topic")),
-        os.environ.get("KEMBED_BULK_TOPIC", _default("bulk_topic")),
-    ]
-    return [t for t in topics if t]
+    """The workers' request topics, as their env vars (KEMBED_MODELS included) name them;
+    the defaults when those do not validate (a worker would refuse to start with them)."""
+    try:
+        interactive, bulk = WorkerSettings.model_validate({}).request_topics()
+    except ValidationError:
+        return [_default("requests_topic"), _default("bulk_topic")]
+    return interactive + bulk
 
 
 def _add_settings_flags(

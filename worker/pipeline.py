@@ -67,9 +67,14 @@ class ServedModel:
     """Other names requests may use for it."""
     prompts: Mapping[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
-    topics: tuple[str, ...] = ()
-    """Request topics whose requests that name no model it answers (the first model
-    answers those of any other topic)."""
+    requests_topic: str = ""
+    bulk_topic: str = ""
+    """Its request topics ("": none). Of requests that name no model, it answers those of
+    the topics it is the first model of (the first model answers any other topic's)."""
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return tuple(topic for topic in (self.requests_topic, self.bulk_topic) if topic)
 
     def prompt_for(self, request: EmbedRequest) -> str:
         """The text put before each input: the request's prompt, its named prompt, or the
@@ -111,7 +116,6 @@ class Pipeline:
         publisher: Publisher | TransactionalPublisher,
         models: Sequence[ServedModel],
         settings: WorkerSettings,
-        bulk_topics: frozenset[str] | None = None,
         encode_thread: ThreadPoolExecutor | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -121,9 +125,7 @@ class Pipeline:
         self._metrics = metrics or Metrics()
         self._models = {model.name: model for model in models}
         self._settings = settings
-        self._bulk_topics = (
-            frozenset({settings.bulk_topic}) - {""} if bulk_topics is None else bulk_topics
-        )
+        self._bulk_topics = frozenset(model.bulk_topic for model in models) - {""}
         self._limits = _limits(models, settings)
         self._scheduler: LaneScheduler[Job] = LaneScheduler(
             settings.max_batch_tokens,

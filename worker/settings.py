@@ -557,6 +557,16 @@ class WorkerSettings(KafkaClientSettings):
             }
         )
 
+    def request_topics(self) -> tuple[list[str], list[str]]:
+        """The interactive and the bulk request topics of all the models, in order."""
+        interactive: list[str] = []
+        bulk: list[str] = []
+        for spec in self.model_specs():
+            for topics, topic in zip((interactive, bulk), self.topics_of(spec), strict=True):
+                if topic and topic not in topics:
+                    topics.append(topic)
+        return interactive, bulk
+
     def topics_of(self, spec: ModelSpec) -> tuple[str, str]:
         """The interactive and bulk request topics ``spec`` is served on ("" = none): its
         own, else the worker's; a model with its own requests topic ``T`` and no bulk topic

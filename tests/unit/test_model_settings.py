@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from schemas import EmbedRequest
+from worker.cli import _request_topics
 from worker.encoder.models import read_prompts, resolve_model_dir
 from worker.pipeline import ServedModel
 from worker.settings import ModelSpec, WorkerSettings
@@ -96,3 +97,19 @@ def test_prompts_come_from_the_sentence_transformers_config(tmp_path: Path) -> N
     (model_dir / "config_sentence_transformers.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="not one of its prompts"):
         read_prompts(model_dir)
+
+
+def test_request_topics_of_all_models_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker subscribes to every model's topics, each once; `kembed status` defaults
+    to the same list, read from the environment."""
+    models = [
+        {"model": MINILM, "name": "a"},
+        {"model": MINILM, "name": "b"},
+        {"model": MINILM, "name": "c", "requests_topic": "e.c", "bulk_topic": ""},
+    ]
+    settings = settings_of(models=json.dumps(models))
+    assert settings.request_topics() == (["embed.requests", "e.c"], ["embed.requests.bulk"])
+    monkeypatch.setenv("KEMBED_MODELS", json.dumps(models))
+    assert _request_topics() == ["embed.requests", "e.c", "embed.requests.bulk"]
+    monkeypatch.setenv("KEMBED_MODELS", "not json")
+    assert _request_topics() == ["embed.requests", "embed.requests.bulk"]
