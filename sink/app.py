@@ -30,7 +30,7 @@ from schemas.headers import (
     DLQ_TOPIC,
 )
 from sink.metrics import CONTENT_TYPE, SinkMetrics
-from sink.rows import DIMENSION_MISMATCH, Refused, Row, RowsOf, rows_of
+from sink.rows import DIMENSION_MISMATCH, Refused, Row, RowsOf, newest, rows_of
 from sink.settings import SinkSettings
 from sink.store import (
     DimensionMismatchError,
@@ -410,12 +410,11 @@ class Sink:
         """Write every good result's rows in one transaction; the results written."""
         if not good:
             return []
-        by_id: dict[str, Row] = {}
-        for _, result in good:  # in offset order per partition: a later version wins
-            by_id.update((row.id, row) for row in result.rows)
+        # A key's results can come from several partitions, in any order: the newest wins.
+        rows = newest(row for _, result in good for row in result.rows)
         started = time.monotonic()
         try:
-            await self._upsert(list(by_id.values()))
+            await self._upsert(rows)
             written = good
         except RowsRefusedError as exc:
             log.warning("sink.batch_refused", reason=str(exc), results=len(good))

@@ -37,7 +37,7 @@ from pymilvus.exceptions import (
     ParamError,
 )
 
-from sink.rows import MAX_ID_BYTES, Row
+from sink.rows import MAX_ID_BYTES, Row, newest
 from sink.store import (
     DimensionMismatchError,
     Metric,
@@ -193,12 +193,8 @@ class MilvusStore:
     def _newest(self, rows: Sequence[Row]) -> list[Row]:
         """``rows`` without those that a newer stored row, or a newer row of the batch,
         supersedes; a row whose stored version is equal is written again (a replay)."""
-        latest: dict[str, Row] = {}
-        for row in rows:
-            seen = latest.get(row.id)
-            if seen is None or seen.requested_ms <= row.requested_ms:
-                latest[row.id] = row
-        ids = list(latest)
+        latest = newest(rows)
+        ids = [row.id for row in latest]
         stored: dict[str, int] = {}
         for start in range(0, len(ids), 1000):
             chunk = ids[start : start + 1000]
@@ -208,7 +204,7 @@ class MilvusStore:
                 output_fields=[_VERSION],
             )
             stored.update({hit["id"]: int(hit[_VERSION]) for hit in found})
-        return [row for row in latest.values() if stored.get(row.id, -1) <= row.requested_ms]
+        return [row for row in latest if stored.get(row.id, -1) <= row.requested_ms]
 
     def _describe(self, what: str, exc: BaseException) -> str:
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__

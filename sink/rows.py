@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "Row",
     "RowsOf",
     "jsonable",
+    "newest",
     "rows_of",
 ]
 
@@ -136,6 +138,19 @@ def _rows(result: EmbedResult, keys: tuple[str, ...], version: int) -> RowsOf | 
             metadata[DOCS_KEY] = jsonable(doc)
         rows.append(Row(key, vectors[index], metadata, result.model, version))
     return RowsOf(result.id, result.model, result.dim, str(result.dtype), rows)
+
+
+def newest(rows: Iterable[Row]) -> list[Row]:
+    """One row per id: the newest version of it (the largest ``requested_ms``), whatever
+    the order of ``rows``; of equal versions the last (a replay, or a later offset). A batch
+    can hold two versions of a key, the older from another partition polled after the newer:
+    a store that never replaces a row by an older one must be handed the newer."""
+    latest: dict[str, Row] = {}
+    for row in rows:
+        seen = latest.get(row.id)
+        if seen is None or seen.requested_ms <= row.requested_ms:
+            latest[row.id] = row
+    return list(latest.values())
 
 
 def float_vectors(result: EmbedResult) -> npt.NDArray[np.float32]:

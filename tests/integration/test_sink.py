@@ -643,7 +643,12 @@ def test_reingest_with_changed_text_updates_milvus_rows_in_place(
 # ------------------------------------------------------------------ versions
 
 
-def _versioned_result(request_id: str, version: int, vector: list[float]) -> bytes:
+def _versioned_result(
+    request_id: str,
+    version: int,
+    vector: list[float],
+    keys: tuple[str, str] = ("doc-1", "doc-2"),
+) -> bytes:
     values = np.array([vector, vector], dtype="<f4")
     return encode_result(
         EmbedResult(
@@ -652,11 +657,29 @@ def _versioned_result(request_id: str, version: int, vector: list[float]) -> byt
             dim=3,
             vectors=values.tobytes(),
             tokens=(3, 3),
-            keys=("doc-1", "doc-2"),
+            keys=keys,
             meta={"docs": [{"version": version}, {"version": version}]},
             requested_ms=version,
         )
     )
+
+
+def _versioned_rows(
+    target: str, postgres: LocalPostgres | None, path: Path, table: str
+) -> dict[str, tuple[list[float], dict[str, Any], int]]:
+    """id -> (vector, metadata, requested_ms) of every row the sink wrote."""
+    if postgres is not None:
+        with psycopg.connect(postgres.dsn, password=postgres.password) as conn:
+            return {
+                row_id: (parse_vector(vector).tolist(), metadata, version)
+                for row_id, vector, metadata, version in conn.execute(
+                    f"SELECT id, vector::text, metadata, requested_ms FROM {table}"
+                ).fetchall()
+            }
+    return {
+        row_id: (row["vector"], row["metadata"], row["requested_ms"])
+        for row_id, row in milvus_rows(path, table).items()
+    }
 
 
 @pytest.mark.parametrize("target", ["postgres", "milvus"])
@@ -703,18 +726,64 @@ def test_a_result_processed_late_never_replaces_a_newer_row(
             asyncio.run(wait_drained(bootstrap, topic, group, count, sink))
     finally:
         assert sink.stop() == 0
-    if target == "postgres":
-        with psycopg.connect(postgres.dsn, password=postgres.password) as conn:
-            rows = {
-                row_id: (parse_vector(vector).tolist(), metadata, version)
-                for row_id, vector, metadata, version in conn.execute(
-                    "SELECT id, vector::text, metadata, requested_ms FROM versions"
-                ).fetchall()
-            }
-    else:
-        rows = {
-            row_id: (row["vector"], row["metadata"], row["requested_ms"])
-            for row_id, row in milvus_rows(tmp_path / "versions.db", "versions").items()
-        }
+    rows = _versioned_rows(
+        target, postgres if target == "postgres" else None, tmp_path / "versions.db", "versions"
+    )
     # The replay of version 2000 was written again; the older result, processed last, not.
     assert rows == {doc: ([0.0, 0.0, 1.0], {"version": 2_000}, 2_000) for doc in ("doc-1", "doc-2")}
+
+
+@pytest.mark.parametrize("target", ["postgres", "milvus"])
+def test_two_versions_of_a_key_in_one_batch_keep_the_newer(
+    kafka: LocalKafka, request: pytest.FixtureRequest, tmp_path: Path, target: str
+) -> None:
+    """A key's older and newer results, on two partitions, both in the sink's first poll:
+    whichever partition comes first in the batch, the row is the newer result's. Both
+    orders at once: doc-1 and doc-2 have the older result on partition 0 and the newer on
+    partition 1, doc-3 and doc-4 the other way round. The results are on the topic before
+    the sink starts, and its log shows that it read all four in one batch."""
+    topic, group = f"embed.results.batch-versions-{target}", f"sink-batch-versions-{target}"
+    create_topics(kafka, topic)
+    postgres: LocalPostgres | None = (
+        request.getfixturevalue("postgres") if target == "postgres" else None
+    )
+    settings = (
+        pg_settings(postgres, "batch_versions", topic, group)
+        if postgres is not None
+        else {
+            "target": f"milvus://{tmp_path / 'batch_versions.db'}",
+            "table": "batch_versions",
+            "results_topic": topic,
+            "group_id": group,
+        }
+    )
+    bootstrap = kafka.bootstrap_servers
+    older, newer = [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]
+    results = [  # (partition, value)
+        (0, _versioned_result("older-12", 1_000, older, ("doc-1", "doc-2"))),
+        (1, _versioned_result("newer-12", 2_000, newer, ("doc-1", "doc-2"))),
+        (0, _versioned_result("newer-34", 2_000, newer, ("doc-3", "doc-4"))),
+        (1, _versioned_result("older-34", 1_000, older, ("doc-3", "doc-4"))),
+    ]
+
+    async def produce() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        await producer.start()
+        try:
+            for partition, value in results:
+                await producer.send_and_wait(topic, value, partition=partition)
+        finally:
+            await producer.stop()
+
+    asyncio.run(produce())
+    sink = start_sink(kafka, tmp_path / "sink.log", log_level="debug", **settings)
+    try:
+        asyncio.run(wait_drained(bootstrap, topic, group, len(results), sink))
+    finally:
+        assert sink.stop() == 0
+    batches = [e for e in sink.events() if e.get("event") == "sink.batch"]
+    assert [(e["results"], e["rows"]) for e in batches] == [(4, 8)]  # one poll, all four
+    rows = _versioned_rows(target, postgres, tmp_path / "batch_versions.db", "batch_versions")
+    assert rows == {
+        doc: (newer, {"version": 2_000}, 2_000) for doc in ("doc-1", "doc-2", "doc-3", "doc-4")
+    }

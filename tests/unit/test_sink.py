@@ -11,7 +11,7 @@ from pydantic import SecretStr, ValidationError
 
 from schemas import EmbedResult, Encoding, ErrorCode, ErrorInfo, ErrorResult, encode_result
 from schemas.encodings import INT8_NORMALIZED_SCALE
-from sink.rows import MAX_ID_BYTES, Refused, RowsOf, jsonable, rows_of
+from sink.rows import MAX_ID_BYTES, Refused, Row, RowsOf, jsonable, newest, rows_of
 from sink.settings import SinkSettings
 from sink.targets import parse_target, scrub
 from worker.cli import _parser
@@ -61,6 +61,17 @@ def test_rows_are_versioned_by_the_request_time() -> None:
     assert {row.requested_ms for row in versioned.rows} == {1_767_225_600_123}
     assert {row.requested_ms for row in unversioned.rows} == {1_767_225_601_000}
     assert {row.requested_ms for row in unknown.rows} == {0}
+
+
+def test_newest_keeps_one_row_per_id_the_largest_version_then_the_last() -> None:
+    """Whatever the order: the row of the largest requested_ms; of equal ones, the last."""
+
+    def row(key: str, version: int, name: str) -> Row:
+        return Row(key, np.zeros(3, np.float32), {"name": name}, "m", version)
+
+    rows = [row("a", 2, "a2"), row("b", 5, "b5"), row("a", 1, "a1"), row("b", 5, "b5-again")]
+    assert [r.metadata["name"] for r in newest(rows)] == ["a2", "b5-again"]
+    assert [r.metadata["name"] for r in newest(rows[::-1])] == ["b5", "a2"]
 
 
 def test_float16_and_int8_results_are_widened_to_float32() -> None:

@@ -103,7 +103,13 @@ class FakeStore:
     def close(self) -> None: ...
 
 
-def vectors_result(request_id: str, keys: tuple[str, ...], value: float, dim: int = 3) -> bytes:
+def vectors_result(
+    request_id: str,
+    keys: tuple[str, ...],
+    value: float,
+    dim: int = 3,
+    requested_ms: int | None = None,
+) -> bytes:
     vectors = np.full((len(keys), dim), value, "<f4")
     vectors[:, 0] = 1.0  # not unit length unless value == 0
     return encode_result(
@@ -114,6 +120,7 @@ def vectors_result(request_id: str, keys: tuple[str, ...], value: float, dim: in
             vectors=vectors.tobytes(),
             tokens=(3,) * len(keys),
             keys=keys,
+            requested_ms=requested_ms,
         )
     )
 
@@ -239,3 +246,25 @@ async def test_unit_vectors_get_an_inner_product_index_and_binary_is_refused() -
         ("dead_letter", "unsupported_dtype"),
         ("commit", {(TOPIC, 0): 2}),
     ]
+
+
+@pytest.mark.parametrize("newer_first", [True, False], ids=["newer-first", "older-first"])
+async def test_the_newest_version_of_a_key_wins_inside_one_batch(newer_first: bool) -> None:
+    """Two versions of a key in one poll, from two partitions, in either order: the store
+    is handed the newer (larger requested_ms) only, so its never-older rule can keep it;
+    both partitions' offsets are committed. A key seen twice in one version (a replay)
+    keeps the later row."""
+    log = Log()
+    store = FakeStore(log, dim=3)
+    sink, _, metrics = make_sink(store, log)
+    newer = record(7, vectors_result("new", ("a", "b"), 0.5, requested_ms=2_000), partition=1)
+    older = record(4, vectors_result("old", ("a", "c"), 0.25, requested_ms=1_000), partition=0)
+    replay = record(8, vectors_result("again", ("b",), 0.75, requested_ms=2_000), partition=1)
+    await sink._batch([newer, older, replay] if newer_first else [older, newer, replay])
+    assert [sorted(ids) for call, ids in log.calls if call == "upsert"] == [["a", "b", "c"]]
+    assert store.rows["a"].requested_ms == 2_000
+    assert store.rows["a"].vector.tolist() == [1.0, 0.5, 0.5]
+    assert store.rows["b"].vector.tolist() == [1.0, 0.75, 0.75]
+    assert store.rows["c"].requested_ms == 1_000
+    assert log.calls[-1] == ("commit", {(TOPIC, 0): 5, (TOPIC, 1): 9})
+    assert metrics.results.labels("written")._value.get() == 3
