@@ -40,6 +40,7 @@ from sink.store import (
     TransientWriteError,
     VectorStore,
 )
+from worker.kafka.commit_errors import FatalCommitError, commit_error_hint, commit_error_is_fatal
 from worker.kafka.publisher import KafkaPublisher
 from worker.kafka.security import client_options
 from worker.kafka.source import KafkaSource
@@ -88,7 +89,8 @@ def make_store(settings: SinkSettings) -> VectorStore:
 
 
 async def run_sink(settings: SinkSettings, kafka: KafkaClientSettings) -> None:
-    """Serve until SIGTERM. Raises KafkaAccessError (Kafka refused the login or a right),
+    """Serve until SIGTERM. Raises KafkaAccessError (Kafka refused the login, a right, or
+    an offset commit for good: FatalCommitError),
     TargetError (the target cannot be used as configured: exit 2) or TransientWriteError
     (the database stayed unreachable for ``write_retry_s``), each logged first."""
     configure_logging(settings.log_level, settings.log_format)
@@ -124,6 +126,9 @@ async def run_sink(settings: SinkSettings, kafka: KafkaClientSettings) -> None:
     watcher = asyncio.create_task(probes.watch_loop())
     try:
         await _serve(settings, kafka, metrics, probes, info)
+    except FatalCommitError as exc:
+        log.error(f"kafka.{exc.kind}_failed", reason=exc.reason, error=exc.error)
+        raise
     except KafkaAccessError as exc:
         log.error(f"kafka.{exc.kind}_failed", reason=exc.reason)
         raise
@@ -285,6 +290,14 @@ class Sink:
         self._batch_started: float | None = None
         self._pending: dict[TopicPartition, int] = {}
         self._failure: BaseException | None = None
+        self._fatal: FatalCommitError | None = None  # met where it cannot be raised
+        self._commits_failing_since: float | None = None
+        # A rebalance ends within the rebalance timeout (max.poll.interval.ms); commits that
+        # keep failing "because the group rebalanced" for longer than that (and a session)
+        # mean the sink never gets back in, e.g. every batch outlasts max_poll_interval_ms.
+        self._commit_failures_s = (
+            settings.max_poll_interval_ms + settings.session_timeout_ms
+        ) / 1000
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -308,12 +321,14 @@ class Sink:
                 records = await self._source.poll(
                     self._settings.fetch_max_wait_ms, self._settings.max_batch_results
                 )
+                self._raise_fatal()
                 self._update_lag()
                 async with self._busy:
                     if records:
-                        await self._batch(records)
-                    if self._pending:
+                        await self._batch(records)  # commits all pending offsets
+                    elif self._pending:  # a commit failed (a rebalance): again after a poll
                         await self._commit()
+            self._raise_fatal()
         except BaseException as exc:
             self._failure = exc
             raise
@@ -323,7 +338,12 @@ class Sink:
         """The batch in progress finishes and commits before its partitions move."""
         async with self._busy:
             if self._pending:
-                await self._commit()
+                try:
+                    await self._commit()
+                except FatalCommitError as exc:
+                    # aiokafka would log and swallow a listener's exception: the batch loop
+                    # raises it after its poll, and /health fails from now on.
+                    self._fatal = self._failure = exc
         for topic, partition in partitions:
             with contextlib.suppress(KeyError):
                 self._metrics.consumer_lag.remove(topic, str(partition))
@@ -486,16 +506,44 @@ class Sink:
         self._metrics.dlq_messages.labels(refused.code).inc()
 
     async def _commit(self) -> None:
+        """Commit the pending offsets of the partitions still owned. A failure after which
+        the client rejoins its group (a rebalance) is logged and the offsets stay pending:
+        the partitions' next owner replays, harmlessly. A failure every later commit would
+        repeat (an ACL removed, ...: worker.kafka.commit_errors) raises FatalCommitError,
+        and so do benign failures that outlast a rebalance."""
         offsets = {tp: o for tp, o in self._pending.items() if tp in self._source.assignment()}
         if not offsets:
             self._pending.clear()
+            self._commits_failing_since = None
             return
         try:
             await self._source.commit(offsets)
-        except Exception as exc:  # noqa: BLE001 (a rebalance in progress: the next owner replays, harmlessly)
-            log.warning("commit.failed", error=type(exc).__name__, partitions=_names(offsets))
+        except Exception as exc:
+            if commit_error_is_fatal(exc):
+                raise FatalCommitError.of(exc) from exc
+            now = time.monotonic()
+            since = self._commits_failing_since = self._commits_failing_since or now
+            if now - since > self._commit_failures_s:
+                raise FatalCommitError(
+                    "commit",
+                    f"offset commits have failed for {now - since:.0f} s, longer than a "
+                    f"rebalance may take (last: {commit_error_hint(exc)}): the sink does not "
+                    "get back into its group (does every batch outlast max_poll_interval_ms?)",
+                    type(exc).__name__,
+                ) from exc
+            log.warning(
+                "commit.failed",
+                error=type(exc).__name__,
+                reason=commit_error_hint(exc),
+                partitions=_names(offsets),
+            )
             return
         self._pending.clear()
+        self._commits_failing_since = None
+
+    def _raise_fatal(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
 
     def _update_lag(self) -> None:
         for (topic, partition), lag in self._source.lag().items():

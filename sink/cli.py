@@ -17,7 +17,8 @@ from worker.settings import KafkaClientSettings
 __all__ = ["EXIT_CONFIG", "EXIT_FAILED", "run"]
 
 EXIT_FAILED = 1
-"""Kafka refused the sink, or the database or dead-letter topic stayed unreachable."""
+"""Kafka refused the sink (its login, a right, or its offset commits for good), or the
+database or dead-letter topic stayed unreachable."""
 EXIT_CONFIG = 2
 """Settings or target unusable as configured: a table of another dimension, a wrong URI."""
 

@@ -97,7 +97,9 @@ class SinkSettings(BaseSettings):
     max_poll_interval_ms: int = Field(
         300_000,
         gt=0,
-        description="Kafka max.poll.interval.ms; keep it above the slowest batch write.",
+        description="Kafka max.poll.interval.ms; keep it above the slowest batch write. "
+        "Offset commits that keep failing for longer than this plus session_timeout_ms end "
+        "the sink (status 1).",
     )
 
     # ------------------------------------------------------------------ failures

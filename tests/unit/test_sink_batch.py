@@ -3,21 +3,31 @@ committed, and in which order (the order is the delivery guarantee)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pytest
+import structlog
+from aiokafka import errors as kafka_errors
 
 from schemas import EmbedResult, ErrorCode, ErrorInfo, ErrorResult, encode_result
 from schemas.headers import DLQ_ERROR_CODE, DLQ_OFFSET, DLQ_PARTITION, DLQ_TOPIC
+from sink import app as sink_app
+from sink import cli as sink_cli
 from sink.app import Sink
 from sink.metrics import SinkMetrics
 from sink.rows import Row
 from sink.settings import SinkSettings
 from sink.store import DimensionMismatchError, Metric, RowsRefusedError, TransientWriteError
+from worker.kafka.commit_errors import FatalCommitError
+from worker.observability.probes import Probes
 from worker.ports import Record, TopicPartition
+from worker.settings import KafkaClientSettings
 
 TOPIC = "embed.results.docs"
 
@@ -268,3 +278,189 @@ async def test_the_newest_version_of_a_key_wins_inside_one_batch(newer_first: bo
     assert store.rows["c"].requested_ms == 1_000
     assert log.calls[-1] == ("commit", {(TOPIC, 0): 5, (TOPIC, 1): 9})
     assert metrics.results.labels("written")._value.get() == 3
+
+
+# ------------------------------------------------------------------ commit failures
+
+
+class ScriptedSource(FakeSource):
+    """Polls return ``batches`` one by one, then nothing (and the sink is told to stop);
+    commits raise ``commit_errors`` one by one (None: it succeeds), then succeed.
+    ``before_poll[n]`` runs inside the n-th poll (0-based), as a rebalance does in
+    aiokafka's."""
+
+    def __init__(
+        self,
+        log: Log,
+        batches: list[list[Record]],
+        commit_errors: list[BaseException | None],
+    ) -> None:
+        super().__init__(log)
+        self.batches = batches
+        self.commit_errors = commit_errors
+        self.stop: Callable[[], None] = lambda: None
+        self.before_poll: dict[int, Callable[[], Awaitable[None]]] = {}
+        self.polls = 0
+        self.attempts = 0
+        self.commit_delay_s = 0.0
+
+    async def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
+        hook = self.before_poll.get(self.polls)
+        self.polls += 1
+        if hook is not None:
+            await hook()
+        if self.batches:
+            return self.batches.pop(0)
+        self.stop()
+        await asyncio.sleep(0)
+        return []
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        self.attempts += 1
+        await asyncio.sleep(self.commit_delay_s)
+        error = self.commit_errors.pop(0) if self.commit_errors else None
+        if error is not None:
+            self.log.calls.append(("commit_failed", type(error).__name__))
+            raise error
+        await super().commit(offsets)
+
+
+def scripted_sink(
+    batches: list[list[Record]], commit_errors: list[BaseException | None], **settings: Any
+) -> tuple[Sink, ScriptedSource]:
+    """A sink over a scripted source, that stops once the script has run out."""
+    log = Log()
+    source = ScriptedSource(log, batches, commit_errors)
+    sink = Sink(
+        source=source,
+        publisher=FakePublisher(log),
+        store=FakeStore(log, dim=3),
+        settings=SinkSettings(**{"target": "postgresql://u@h/db", **settings}),
+        metrics=SinkMetrics(),
+        executor=ThreadPoolExecutor(1),
+        table_dim=3,
+    )
+    source.stop = sink.stop
+    return sink, source
+
+
+def one_result(offset: int) -> list[Record]:
+    return [record(offset, vectors_result(f"r{offset}", ("a",), 0.5))]
+
+
+@pytest.fixture
+def restored_logging() -> Iterator[None]:
+    """run_sink configures logging for the process: put it back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    config = structlog.get_config()
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.configure(**config)
+
+
+@pytest.mark.usefixtures("restored_logging")
+def test_a_fatal_commit_failure_fails_health_logs_one_error_and_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The broker refuses the commit for good (the group's ACL was removed): the sink does
+    not retry it at every poll. /health fails at once, one error event says what to fix,
+    and ``kembed sink`` exits with status 1, for the orchestrator to restart it."""
+    sink, source = scripted_sink(
+        [one_result(0), one_result(1)],
+        [kafka_errors.GroupAuthorizationFailedError("kembed-sink")],
+    )
+    health: list[tuple[int, dict[str, Any]]] = []
+
+    async def serve(  # run_sink's body, minus Kafka and the database
+        settings: SinkSettings,
+        kafka: KafkaClientSettings,
+        metrics: SinkMetrics,
+        probes: Probes,
+        info: dict[str, Any],
+    ) -> None:
+        probes.pipeline, probes.phase = sink, "serving"
+        try:
+            await sink.run()
+        finally:
+            status, _type, body = probes.health_response()
+            health.append((status, json.loads(body)))
+
+    monkeypatch.setattr(sink_app, "_serve", serve)
+    options: dict[str, Any] = {"target": "postgresql://u@h/db", "http_port": 0}
+    settings = SinkSettings(**options, log_format="json")
+    assert sink_cli.run(settings, KafkaClientSettings(**{})) == sink_cli.EXIT_FAILED
+
+    assert source.attempts == 1  # not retried
+    assert source.log.calls == [
+        ("upsert", ["a"]),
+        ("commit_failed", "GroupAuthorizationFailedError"),
+    ]
+    [(status, body)] = health
+    assert status == 503
+    assert body["problems"] == ["sink failed: FatalCommitError"]
+    events = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    ours = [e for e in events if e["logger"].startswith("kembed")]
+    alarms = [e for e in ours if e["level"] in ("warning", "error", "critical")]
+    assert len(alarms) == 1, alarms
+    assert alarms[0]["level"] == "error"
+    assert alarms[0]["event"] == "kafka.authorization_failed"
+    assert alarms[0]["error"] == "GroupAuthorizationFailedError"
+    assert "ACL" in alarms[0]["reason"]
+    assert "sink.stopped" not in {e["event"] for e in ours}
+
+
+async def test_a_commit_refused_by_a_rebalance_is_retried_and_the_sink_goes_on() -> None:
+    """A rebalance (CommitFailedError: aiokafka rejoins by itself) is benign: the offsets
+    stay pending and the next commit takes them; the sink stays healthy."""
+    sink, source = scripted_sink([one_result(0), one_result(1)], [kafka_errors.CommitFailedError()])
+    await sink.run()
+    assert source.log.calls == [
+        ("upsert", ["a"]),
+        ("commit_failed", "CommitFailedError"),
+        ("upsert", ["a"]),
+        ("commit", {(TOPIC, 0): 2}),
+    ]
+    assert sink.failure() is None
+
+
+async def test_benign_commit_failures_that_outlast_a_rebalance_are_fatal() -> None:
+    """Commits that keep failing "because the group rebalanced" for longer than a rebalance
+    may take (max_poll_interval_ms + session_timeout_ms) stop the sink too."""
+    sink, source = scripted_sink(
+        [one_result(0), [], []],
+        [kafka_errors.CommitFailedError()] * 10,
+        max_poll_interval_ms=1,
+        session_timeout_ms=1,
+    )
+    source.commit_delay_s = 0.01  # each failing commit outlasts the 2 ms "rebalance"
+    with pytest.raises(FatalCommitError, match="longer than a rebalance") as caught:
+        await sink.run()
+    assert caught.value.kind == "commit"
+    assert source.attempts == 2
+    assert sink.failure() is caught.value
+
+
+async def test_a_fatal_commit_failure_at_revocation_stops_the_batch_loop() -> None:
+    """aiokafka logs and swallows a rebalance listener's exception: a fatal commit failure
+    met while partitions are revoked fails /health at once, and the loop raises it after
+    the poll in which the rebalance ran."""
+    sink, source = scripted_sink(
+        [one_result(0), one_result(1)],
+        [kafka_errors.CommitFailedError(), kafka_errors.TopicAuthorizationFailedError(TOPIC)],
+    )
+
+    async def revoke() -> None:
+        await sink.on_revoked({(TOPIC, 0)})  # returns: the failure is kept, not raised
+        assert isinstance(sink.failure(), FatalCommitError)
+
+    source.before_poll[1] = revoke  # after the first batch's commit failed benignly
+    with pytest.raises(FatalCommitError) as caught:
+        await sink.run()
+    assert caught.value.kind == "authorization"
+    assert source.log.calls == [
+        ("upsert", ["a"]),
+        ("commit_failed", "CommitFailedError"),
+        ("commit_failed", "TopicAuthorizationFailedError"),
+    ]

@@ -43,13 +43,19 @@ Fatal (true): everything else, and in particular
 - ``OffsetMetadataTooLargeError``, ``InvalidCommitOffsetSizeError``, ``IllegalOperation``,
   ``ValueError``, any non-Kafka exception: the request itself is wrong, and sending it
   again changes nothing.
+
+A consumer that meets a fatal failure raises :class:`FatalCommitError`, a
+:class:`~worker.ports.KafkaAccessError` (so it ends the process like a refused login or a
+missing ACL found at start-up: one error event, exit status 1).
 """
 
 from __future__ import annotations
 
 from aiokafka import errors as kafka_errors
 
-__all__ = ["commit_error_hint", "commit_error_is_fatal"]
+from worker.ports import KafkaAccessError
+
+__all__ = ["FatalCommitError", "commit_error_hint", "commit_error_is_fatal"]
 
 _BENIGN: tuple[type[BaseException], ...] = (
     kafka_errors.CommitFailedError,
@@ -101,3 +107,20 @@ def commit_error_hint(exc: BaseException) -> str:
     if not commit_error_is_fatal(exc):
         return f"{name}: the group is rebalancing; the partitions' next owner replays"
     return f"{name}: the commit failed, and retrying will not help"
+
+
+class FatalCommitError(KafkaAccessError):
+    """A commit failure that no retry will cure. ``kind``: "authorization" (an ACL is
+    missing: the event is ``kafka.authorization_failed``, as for a right found missing at
+    start-up) or "commit" (anything else); ``error``: the failure's type name; ``reason``:
+    what it means and what to do, never a secret."""
+
+    def __init__(self, kind: str, reason: str, error: str) -> None:
+        super().__init__(kind, reason)
+        self.error = error
+
+    @classmethod
+    def of(cls, exc: BaseException) -> FatalCommitError:
+        """The error to raise for ``exc``, a failure :func:`commit_error_is_fatal` judged fatal."""
+        kind = "authorization" if isinstance(exc, _AUTHORIZATION) else "commit"
+        return cls(kind, commit_error_hint(exc), type(exc).__name__)
