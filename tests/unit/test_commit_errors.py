@@ -71,13 +71,20 @@ def test_lost_rights_fencing_and_unknown_failures_are_fatal(exc: BaseException) 
 def test_hints_say_what_to_fix_and_name_only_the_type() -> None:
     revoked = kafka_errors.GroupAuthorizationFailedError("sinks")
     assert commit_error_hint(revoked).startswith("GroupAuthorizationFailedError: ")
-    assert "ACL" in commit_error_hint(revoked)
+    assert commit_error_hint(revoked).endswith(
+        "grant it READ on the consumer group and the topic again"
+    )
+    transactional = kafka_errors.TransactionalIdAuthorizationFailed("kembed-worker-0")
+    assert "WRITE on the transactional id" in commit_error_hint(transactional)
     fenced = commit_error_hint(kafka_errors.ProducerFenced())
     assert "transactional id" in fenced
     rebalance = _commit_failed(kafka_errors.RebalanceInProgressError("g"))
     assert "rebalancing" in commit_error_hint(rebalance)
     # CommitFailedError's own text is a paragraph of advice: the hint does not repeat it.
     assert "max_poll_interval_ms" not in commit_error_hint(rebalance)
+    assert commit_error_hint(kafka_errors.KafkaTimeoutError()) == (
+        "KafkaTimeoutError: a passing failure; the commit is tried again"
+    )
     assert commit_error_hint(ValueError("secret-ish detail")) == (
         "ValueError: the commit failed, and retrying will not help"
     )

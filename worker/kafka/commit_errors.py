@@ -57,14 +57,14 @@ from worker.ports import KafkaAccessError
 
 __all__ = ["FatalCommitError", "commit_error_hint", "commit_error_is_fatal"]
 
-_BENIGN: tuple[type[BaseException], ...] = (
+_REBALANCE: tuple[type[BaseException], ...] = (
     kafka_errors.CommitFailedError,
     kafka_errors.RebalanceInProgressError,
     kafka_errors.IllegalGenerationError,
     kafka_errors.UnknownMemberIdError,
     kafka_errors.IllegalStateError,
-    kafka_errors.KafkaTimeoutError,
 )
+_BENIGN = (*_REBALANCE, kafka_errors.KafkaTimeoutError)
 _AUTHORIZATION: tuple[type[BaseException], ...] = (
     kafka_errors.GroupAuthorizationFailedError,
     kafka_errors.TopicAuthorizationFailedError,
@@ -95,17 +95,23 @@ def commit_error_hint(exc: BaseException) -> str:
     error's type only (never its text, which can be long or carry broker detail)."""
     name = type(exc).__name__
     if isinstance(exc, _AUTHORIZATION):
+        right = {
+            kafka_errors.TransactionalIdAuthorizationFailed: "WRITE on the transactional id",
+            kafka_errors.ClusterAuthorizationFailedError: "the cluster right it needs",
+        }.get(type(exc), "READ on the consumer group and the topic")
         return (
             f"{name}: the principal may no longer commit offsets (an ACL was removed?): "
-            "grant READ on the consumer group and the topic again"
+            f"grant it {right} again"
         )
     if isinstance(exc, _FENCED):
         return (
             f"{name}: another producer took over this transactional id, or its transaction "
             "timed out"
         )
-    if not commit_error_is_fatal(exc):
+    if isinstance(exc, _REBALANCE):
         return f"{name}: the group is rebalancing; the partitions' next owner replays"
+    if not commit_error_is_fatal(exc):
+        return f"{name}: a passing failure; the commit is tried again"
     return f"{name}: the commit failed, and retrying will not help"
 
 
