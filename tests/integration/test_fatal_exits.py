@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 
 from schemas import EmbedRequest, encode_request
 from scripts.kafka_local import LocalKafka, TopicSpec, free_port
@@ -123,10 +124,19 @@ def _ready_statuses(worker: WorkerProcess, port: int, timeout: float) -> list[tu
 
 
 async def _describe_group(bootstrap_servers: str, group: str) -> tuple[str, list[Any]]:
+    """The group's state and members. A group no member ever joined is "Dead"; one whose
+    members joined and left is "Empty"."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
     await admin.start()
     try:
-        (response,) = await admin.describe_consumer_groups([group])
+        for _ in range(60):
+            try:
+                (response,) = await admin.describe_consumer_groups([group])
+                break
+            except GroupCoordinatorNotAvailableError:  # a broker that has just started
+                await asyncio.sleep(0.5)
+        else:
+            raise AssertionError("no group coordinator")
     finally:
         await admin.close()
     # (error_code, group_id, state, protocol_type, protocol, members, ...)
