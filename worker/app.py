@@ -113,8 +113,9 @@ def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
 
 async def run_worker(settings: WorkerSettings) -> None:
     """Serve until SIGTERM. Raises KafkaAccessError (after logging it) when Kafka rejects
-    the worker's login or its principal lacks a right it needs, and QualityGateFailedError
-    when the quality gate is on and fails."""
+    the worker's login or its principal lacks a right it needs, ModelLoadError (after
+    logging model.load_failed) when a model cannot be loaded, before the consumer joins its
+    group, and QualityGateFailedError when the quality gate is on and fails."""
     configure_logging(settings.log_level, settings.log_format)
     asyncio.get_running_loop().set_exception_handler(loop_exception_handler)
     log.info("worker.starting", version=VERSION, settings=redacted(settings.model_dump()))
