@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 class WorkerProcess:
     """A real ``python -m worker`` process, with its JSON log lines captured to a file."""
 
-    def __init__(self, bootstrap_servers: str, log_path: Path, **settings: Any) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        log_path: Path,
+        preexec_fn: Callable[[], None] | None = None,
+        **settings: Any,
+    ) -> None:
+        """``settings`` become KEMBED_* variables; ``preexec_fn`` runs in the child before
+        the worker starts (to change what the process may do)."""
         self.log_path = log_path
         env = {
             **os.environ,
@@ -36,6 +45,7 @@ class WorkerProcess:
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            preexec_fn=preexec_fn,
         )
 
     def events(self) -> list[dict[str, Any]]:

@@ -11,6 +11,8 @@ import asyncio
 from sink.app import run_sink
 from sink.settings import SinkSettings
 from sink.store import TargetError, TransientWriteError
+from worker.observability.fatal import ExitCode, install_hooks, log_fatal, secrets_of
+from worker.observability.logging import configure_logging
 from worker.ports import KafkaAccessError
 from worker.settings import KafkaClientSettings
 
@@ -24,11 +26,29 @@ EXIT_CONFIG = 2
 
 
 def run(settings: SinkSettings, kafka: KafkaClientSettings) -> int:
-    """Serve until SIGTERM; the exit status (each failure was logged by run_sink)."""
+    """Serve until SIGTERM; the exit status (each failure was logged by run_sink, and any
+    other error is logged here as one ``sink.fatal`` event, never a raw traceback)."""
+    configure_logging(settings.log_level, settings.log_format)
+    install_hooks(secrets_of(settings, kafka) + _target_secrets(settings))
     try:
         asyncio.run(run_sink(settings, kafka))
     except TargetError:
         return EXIT_CONFIG
     except (KafkaAccessError, TransientWriteError):
         return EXIT_FAILED
+    except KeyboardInterrupt as exc:
+        log_fatal(exc, "sink.interrupted", exit_code=int(ExitCode.INTERRUPTED))
+        return ExitCode.INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 (anything else: logged, never a raw traceback)
+        log_fatal(exc, "sink.fatal", exit_code=EXIT_FAILED)
+        return EXIT_FAILED
     return 0
+
+
+def _target_secrets(settings: SinkSettings) -> tuple[str, ...]:
+    """The database password, also where the target URI holds it."""
+    try:
+        password = settings.target_spec().password
+    except ValueError:
+        return ()
+    return (password.get_secret_value(),) if password is not None else ()

@@ -20,6 +20,7 @@ from worker.kafka.catalog import MODEL_FIELDS, start_announcer
 from worker.kafka.publisher import KafkaPublisher, KafkaTransactionalPublisher
 from worker.kafka.security import client_options
 from worker.kafka.source import KafkaSource
+from worker.observability.fatal import ExitCode, error_fields, loop_exception_handler
 from worker.observability.http import HttpServer
 from worker.observability.logging import configure_logging, redacted
 from worker.observability.metrics import CONTENT_TYPE, Metrics
@@ -30,7 +31,13 @@ from worker.quality import GateThresholds, QualityReport, default_pairs_path, lo
 from worker.settings import ModelSpec, WorkerSettings
 from worker.tokenization import TextTokenizer
 
-__all__ = ["load_model", "load_served_model", "run_worker"]
+__all__ = [
+    "ModelLoadError",
+    "QualityGateFailedError",
+    "load_model",
+    "load_served_model",
+    "run_worker",
+]
 
 log = structlog.get_logger("kembed.worker")
 
@@ -106,9 +113,11 @@ def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
 
 async def run_worker(settings: WorkerSettings) -> None:
     """Serve until SIGTERM. Raises KafkaAccessError (after logging it) when Kafka rejects
-    the worker's login or its principal lacks a right it needs, and QualityGateFailedError
-    when the quality gate is on and fails."""
+    the worker's login or its principal lacks a right it needs, ModelLoadError (after
+    logging model.load_failed) when a model cannot be loaded, before the consumer joins its
+    group, and QualityGateFailedError when the quality gate is on and fails."""
     configure_logging(settings.log_level, settings.log_format)
+    asyncio.get_running_loop().set_exception_handler(loop_exception_handler)
     log.info("worker.starting", version=VERSION, settings=redacted(settings.model_dump()))
     metrics = Metrics()
     probes = Probes(stuck_batch_s=settings.health_stuck_batch_s)
@@ -207,10 +216,14 @@ async def _load_and_run(
     load_s = warmup_s = 0.0
     for spec in settings.model_specs():
         started = time.monotonic()
-        model = await loop.run_in_executor(encode_thread, load_served_model, settings, spec)
-        loaded = time.monotonic()
-        probes.phase = "warming"
-        await loop.run_in_executor(encode_thread, warm_up, model.encoder, settings)
+        try:
+            model = await loop.run_in_executor(encode_thread, load_served_model, settings, spec)
+            loaded = time.monotonic()
+            probes.phase = "warming"
+            await loop.run_in_executor(encode_thread, warm_up, model.encoder, settings)
+        except Exception as exc:
+            encode_thread.shutdown(wait=False)
+            raise _load_failed(spec, probes.phase, exc) from exc
         warmed = time.monotonic()
         load_s, warmup_s = load_s + loaded - started, warmup_s + warmed - loaded
         models.append(model)
@@ -311,6 +324,31 @@ def _log_loaded(model: ServedModel, load_s: float, warmup_s: float) -> None:
         load_s=round(load_s, 3),
         warmup_s=round(warmup_s, 3),
     )
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded (or warmed up); the worker does not start."""
+
+
+def _load_failed(spec: ModelSpec, phase: str, error: Exception) -> ModelLoadError:
+    """Log why a model cannot be loaded, once, naming its path; the error to raise."""
+    from worker.encoder.models import resolve_model_dir
+
+    try:
+        path = str(resolve_model_dir(spec.model))
+    except Exception:  # noqa: BLE001 (unresolvable: the configured path is the one to name)
+        path = spec.model
+    cause = f"{type(error).__name__}: {error}"
+    log.error(
+        "model.load_failed",
+        model=spec.served_name(),
+        path=path,
+        stage="warm_up" if phase == "warming" else "load",
+        cause=cause,
+        **error_fields(error),
+        exit_code=int(ExitCode.STARTUP),
+    )
+    return ModelLoadError(f"{spec.served_name()} ({path}): {cause}")
 
 
 class QualityGateFailedError(RuntimeError):

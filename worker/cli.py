@@ -306,17 +306,38 @@ def _run_worker(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     _local_models_only()
-    from worker.app import QualityGateFailedError, run_worker
+    from worker.observability.fatal import ExitCode, install_hooks, log_fatal, secrets_of
+    from worker.observability.logging import configure_logging
+
+    # From here on every way out is one log event (docs/operations.md, "Exit statuses"):
+    # no raw traceback, whatever fails, the imports of torch and transformers included.
+    configure_logging(settings.log_level, settings.log_format)
+    install_hooks(secrets_of(settings))
+    try:
+        return _serve_worker(settings)
+    except KeyboardInterrupt as exc:  # SIGINT before the worker's own handler is in place
+        log_fatal(exc, "worker.interrupted", exit_code=int(ExitCode.INTERRUPTED))
+        return ExitCode.INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 (anything else: logged, never a raw traceback)
+        log_fatal(exc, exit_code=int(ExitCode.FAILED))
+        return ExitCode.FAILED
+
+
+def _serve_worker(settings: WorkerSettings) -> int:
+    """Run the worker; the exit status of the failures it logged itself."""
+    from worker.app import ModelLoadError, QualityGateFailedError, run_worker
+    from worker.observability.fatal import ExitCode
     from worker.ports import KafkaAccessError
 
     try:
         asyncio.run(run_worker(settings))
     except KafkaAccessError:
-        return 1  # run_worker logged why
-    except QualityGateFailedError as exc:
-        print(f"kembed worker: quality gate failed, not starting: {exc}", file=sys.stderr)
-        return 3
-    return 0
+        return ExitCode.FAILED  # logged as kafka.*_failed
+    except ModelLoadError:
+        return ExitCode.STARTUP  # logged as model.load_failed
+    except QualityGateFailedError:
+        return ExitCode.QUALITY_GATE  # logged as quality_gate.failed
+    return ExitCode.OK
 
 
 def _run_validate(args: argparse.Namespace) -> int:

