@@ -255,6 +255,7 @@ async def _load_and_run(
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        group_instance_id=settings.group_instance_id,
         security=security,
     )
     pipeline = Pipeline(
@@ -279,6 +280,7 @@ async def _load_and_run(
             bulk_topics=bulk_topics,
             models=[model.name for model in models],
             group_id=settings.group_id,
+            group_instance_id=settings.group_instance_id,
             delivery=settings.delivery,
         )
         try:

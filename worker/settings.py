@@ -84,6 +84,11 @@ def _json_if_text(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+def _none_if_blank(value: Any) -> Any:
+    """An empty env var (a manifest that sets it to nothing) means unset."""
+    return None if isinstance(value, str) and not value.strip() else value
+
+
 class KafkaClientSettings(BaseSettings):
     """Where Kafka is and how to log in: shared by ``kembed worker`` and ``kembed embed``.
 
@@ -236,9 +241,24 @@ class WorkerSettings(KafkaClientSettings):
     session_timeout_ms: int = Field(
         45_000,
         gt=0,
-        description="Kafka session.timeout.ms: how long a dead worker holds its partitions.",
+        description="Kafka session.timeout.ms: how long a dead worker holds its partitions "
+        "(a static member's also wait this long for its restart: see group_instance_id).",
     )
     heartbeat_interval_ms: int = Field(3_000, gt=0, description="Kafka heartbeat.interval.ms.")
+
+    # ------------------------------------------------------------------ static membership
+    group_instance_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]{1,249}$",
+        description="Kafka group.instance.id (static membership): a name for this replica "
+        "that survives its restarts (a StatefulSet pod name). A worker restarted with the "
+        "same name within session_timeout_ms takes its partitions back without a "
+        "rebalance of the others; in exchange a stopped worker never leaves the group, so "
+        "its partitions wait up to session_timeout_ms for it (keep that above a restart, "
+        "model load included). Two running workers must never share one. Unset: dynamic "
+        "membership (a stopped worker leaves at once, every restart rebalances the group).",
+    )
+    _blank_instance_id = field_validator("group_instance_id", mode="before")(_none_if_blank)
     fetch_max_wait_ms: int = Field(
         20,
         ge=0,
@@ -461,16 +481,21 @@ class WorkerSettings(KafkaClientSettings):
         "committed up to the first unanswered request; after a crash some answers are sent "
         "twice (callers drop duplicates by id). exactly_once: answers and offsets are "
         "committed together in Kafka transactions, so a read_committed reader of the result "
-        "topics sees each answer once, even across crashes and rebalances; results become "
+        "topics sees each answer once across crashes, restarts and rebalances, but for one "
+        "case: a worker expelled from its group that does not know it yet (it stalled "
+        "beyond the session timeout) can still commit what it finishes before its next "
+        "heartbeat tells it, duplicating answers, never losing one (aiokafka has no KIP-447 "
+        "fencing; a successor with the same transactional id does fence it). Results become "
         "visible when their transaction commits (~5-15 ms later).",
     )
     transactional_id: str | None = Field(
         None,
         description="exactly_once: the producer's transactional.id; it must be unique per "
-        "running worker. Unset: derived from group_id, host name and a random suffix, so two "
-        "workers never share one. A stable id per replica (a StatefulSet pod name) lets a "
-        "restarted worker fence its predecessor and abort its open transaction at once, "
-        "instead of after transaction_timeout_ms.",
+        "running worker. Unset: kembed-<group_id>-<group_instance_id> when a group instance "
+        "id is set, so that a restarted worker fences its predecessor (a zombie can commit "
+        "no more) and aborts its open transaction at once; else kembed-<group_id>-<host "
+        "name>-<random>, unique per start, so a predecessor's open transaction is aborted "
+        "only after transaction_timeout_ms.",
     )
     transaction_timeout_ms: int = Field(
         10_000,
@@ -578,7 +603,10 @@ class WorkerSettings(KafkaClientSettings):
         return spec.requests_topic, bulk
 
     def resolved_transactional_id(self) -> str:
-        """The transactional id to use: the setting, or one no other worker has."""
+        """The transactional id to use: the setting; else one stable per group instance, so
+        that a restarted worker fences its predecessor; else one no other worker has."""
         if self.transactional_id:
             return self.transactional_id
+        if self.group_instance_id:
+            return f"kembed-{self.group_id}-{self.group_instance_id}"
         return f"kembed-{self.group_id}-{socket.gethostname()}-{uuid.uuid4().hex[:12]}"

@@ -489,3 +489,30 @@ def test_grafana_provisioning_points_at_prometheus_and_the_dashboard_folder() ->
     (provider,) = providers["providers"]
     assert provider["type"] == "file"
     assert provider["options"]["path"].startswith("/")
+
+
+def test_worker_statefulset_names_each_static_member_after_its_pod() -> None:
+    """The workers' StatefulSet gives each pod its own name as the group instance id (pod
+    names of a StatefulSet survive restarts), keeps the session timeout above a restart,
+    and is what the PodMonitor scrapes and KEDA scales."""
+    statefulset = load_yaml(DEPLOY / "kubernetes" / "worker-statefulset.yaml")
+    monitor = load_yaml(DEPLOY / "kubernetes" / "podmonitor.yaml")
+    scaled = load_yaml(DEPLOY / "kubernetes" / "keda-scaledobject.yaml")
+    assert statefulset["kind"] == "StatefulSet"
+    labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    target = scaled["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("StatefulSet", statefulset["metadata"]["name"])
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["kembed", "worker"]
+    env = {e["name"]: e for e in container["env"]}
+    source = env["KEMBED_GROUP_INSTANCE_ID"]["valueFrom"]["fieldRef"]
+    assert source["fieldPath"] == "metadata.name"
+    assert "KEMBED_TRANSACTIONAL_ID" not in env  # derived from the instance id
+    assert int(env["KEMBED_SESSION_TIMEOUT_MS"]["value"]) >= 60_000
+    (port,) = container["ports"]
+    assert port == {"name": "http", "containerPort": int(env["KEMBED_HTTP_PORT"]["value"])}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    grace = statefulset["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > 30  # KEMBED_SHUTDOWN_TIMEOUT_S: in-flight requests drain on SIGTERM

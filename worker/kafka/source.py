@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
@@ -19,13 +20,18 @@ from worker.ports import KafkaAccessError, Record, TopicPartition
 
 __all__ = ["KafkaSource"]
 
+log = structlog.get_logger("kembed.worker")
+
 PartitionsHook = Callable[[set[TopicPartition]], Awaitable[None]]
 
 _NO_GENERATION = -1  # aiokafka's generation of a consumer that is not a group member
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, on_revoked: PartitionsHook, on_assigned: PartitionsHook) -> None:
+    def __init__(
+        self, source: KafkaSource, on_revoked: PartitionsHook, on_assigned: PartitionsHook
+    ) -> None:
+        self._source = source
         self._on_revoked = on_revoked
         self._on_assigned = on_assigned
 
@@ -33,6 +39,15 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._on_revoked({(tp.topic, tp.partition) for tp in revoked})
 
     async def on_partitions_assigned(self, assigned: set[KafkaTP]) -> None:
+        generation, member_id = self._source.membership()
+        log.info(
+            "group.joined",
+            group_id=self._source.group_id,
+            generation=generation,
+            member_id=member_id,
+            group_instance_id=self._source.group_instance_id,
+            partitions=sorted(f"{tp.topic}-{tp.partition}" for tp in assigned),
+        )
         await self._on_assigned({(tp.topic, tp.partition) for tp in assigned})
 
 
@@ -48,16 +63,20 @@ class KafkaSource:
         session_timeout_ms: int,
         heartbeat_interval_ms: int,
         fetch_max_wait_ms: int,
+        group_instance_id: str | None = None,
         security: Mapping[str, Any] | None = None,
     ) -> None:
-        """``security``: aiokafka security options (``worker.kafka.security.client_options``)."""
+        """``security``: aiokafka security options (``worker.kafka.security.client_options``).
+        ``group_instance_id``: Kafka's group.instance.id (static membership), or None."""
         self._topics = topics
-        self._group_id = group_id
+        self.group_id = group_id
+        self.group_instance_id = group_instance_id
         self._security = dict(security or {})
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap_servers,
             **self._security,
             group_id=group_id,
+            group_instance_id=group_instance_id,
             client_id=client_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",  # requests sent before any worker ran still count
@@ -69,11 +88,24 @@ class KafkaSource:
 
     async def start(self, on_revoked: PartitionsHook, on_assigned: PartitionsHook) -> None:
         await self._consumer.start()
-        self._consumer.subscribe(self._topics, listener=_Listener(on_revoked, on_assigned))
+        self._consumer.subscribe(self._topics, listener=_Listener(self, on_revoked, on_assigned))
 
     async def stop(self) -> None:
-        """Leave the group (the broker reassigns our partitions at once)."""
+        """Stop consuming. A dynamic member leaves the group (the broker reassigns its
+        partitions at once); a static one (``group_instance_id``) does not: its partitions
+        wait, up to the session timeout, for a worker with the same instance id."""
         await self._consumer.stop()
+
+    def membership(self) -> tuple[int, str]:
+        """The consumer's group generation and member id (-1 and "" outside the group)."""
+        # aiokafka keeps both on its coordinator only; read them without side effects.
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        generation = getattr(coordinator, "generation", _NO_GENERATION)
+        member_id = getattr(coordinator, "member_id", "")
+        return (
+            generation if isinstance(generation, int) else _NO_GENERATION,
+            member_id if isinstance(member_id, str) else "",
+        )
 
     async def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
         """Records fetched; KafkaAccessError if the principal may not read them (ACLs can
@@ -83,7 +115,7 @@ class KafkaSource:
         except TopicAuthorizationFailedError as exc:
             raise self._denied(f"READ on topic {_name(exc)}") from None
         except GroupAuthorizationFailedError:
-            raise self._denied(f"READ on consumer group {self._group_id!r}") from None
+            raise self._denied(f"READ on consumer group {self.group_id!r}") from None
         return [
             Record(
                 topic=r.topic,
