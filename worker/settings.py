@@ -221,8 +221,9 @@ class WorkerSettings(KafkaClientSettings):
     )
     dlq_topic: str = Field(
         "embed.requests.dlq",
-        description="Dead-letter topic for messages that cannot be answered (no id, or the "
-        "reply topic cannot be written). Headers name origin and reason.",
+        description="Dead-letter topic for messages that cannot be answered (no id, a reply "
+        "topic reply_topics does not allow, or one that cannot be written). Headers name "
+        "origin and reason.",
     )
     # reply topics a request may name (reply_to, or the kafka_replyTopic header)
     reply_topics: str = Field(

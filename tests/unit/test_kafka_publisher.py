@@ -84,6 +84,8 @@ class _FakeProducer:
         self.slow_metadata = 0  # partitions_for hangs this many times (a broker restarting)
         self.topics: dict[str, set[int]] = {"embed.results": {0, 1}, "embed.requests.dlq": {0}}
         self.sent: list[tuple[str, bytes, int | None]] = []
+        self.keys: list[bytes | None] = []
+        self.headers: list[list[tuple[str, bytes]]] = []
 
     async def partitions_for(self, topic: str) -> set[int]:
         if self.slow_metadata:
@@ -102,6 +104,8 @@ class _FakeProducer:
         headers: list[tuple[str, bytes]] | None = None,
     ) -> asyncio.Future[None]:
         self.sent.append((topic, value, partition))
+        self.keys.append(key)
+        self.headers.append(list(headers or []))
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
@@ -347,3 +351,52 @@ async def test_exactly_once_fails_the_worker_when_the_retries_run_out() -> None:
     assert not await delivery.answer(record, ReplyTo("id-1", None, None), b"result")
     assert producer.sent == []
     assert len(fatal) == 1
+
+
+# -- what a client may rely on: the result's key, and the partition chosen from it ----------
+
+
+async def test_a_result_is_keyed_by_its_request_id() -> None:
+    """A result's Kafka key is the request id (UTF-8), its kafka_correlationId header too,
+    and without a reply_partition the producer picks the partition (by that key)."""
+    producer = _FakeProducer()
+    producer.client.cluster.known["embed.results"] = {0, 1}
+    replier = Replier(
+        _publisher(producer),
+        results_topic="embed.results",
+        dlq_topic="embed.requests.dlq",
+        on_fatal=print,
+    )
+    record = Record("embed.requests", 0, 5, b"request")
+    assert await replier.answer(record, ReplyTo("req-\u00fc", None, None), b"result")
+    assert producer.sent == [("embed.results", b"result", None)]
+    assert producer.keys == ["req-\u00fc".encode()]
+    assert producer.headers == [[("kafka_correlationId", "req-\u00fc".encode())]]
+
+
+# org.apache.kafka.common.utils.Utils.murmur2 of these UTF-8 keys, as the Java client computes it
+_JAVA_MURMUR2 = {
+    "1": -1993445489,
+    "12": 126087238,
+    "123": -267702483,
+    "1234": -1614185708,
+    "12345": -1188365604,
+}
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 3, 7, 12])
+async def test_the_result_partition_is_the_java_clients_default_for_its_key(
+    partitions: int,
+) -> None:
+    """Without reply_partition, a result lands where Kafka's Java client would put a record
+    with the same key: toPositive(murmur2(key)) % partitions, so a client can tell which
+    partition its answer will be on."""
+    publisher = KafkaPublisher(
+        "127.0.0.1:1", client_id="test", linger_ms=0, max_request_size=1_000_000
+    )
+    choose = publisher._producer._partitioner  # the partitioner the worker's producer uses
+    every = list(range(partitions))
+    for key, java_hash in _JAVA_MURMUR2.items():
+        expected = (java_hash & 0x7FFFFFFF) % partitions
+        assert choose(key.encode(), every, every) == expected, key
+        assert choose(key.encode(), every, every[:1]) == expected, "even if some are down"
