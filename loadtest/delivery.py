@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                     requests_topic=mode.topic("requests"),
                     bulk_topic=mode.topic("bulk"),
                     group_id=f"delivery-{mode.index}",
+                    reply_topics=re.escape(mode.topic("")) + ".+",  # its reply topics
                     **mode.settings,
                 )
                 for mode in modes

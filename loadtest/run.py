@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -208,7 +209,12 @@ def main(argv: list[str] | None = None) -> int:
                 "torch_compile": args.torch_compile,
                 "max_batch_tokens": budget,
             }
-            worker = WorkerProcess(kafka.bootstrap_servers, out / "worker.log", **settings)
+            worker = WorkerProcess(
+                kafka.bootstrap_servers,
+                out / "worker.log",
+                reply_topics=re.escape(BULK_RESULTS),  # besides embed.results, the default
+                **settings,
+            )
             try:
                 worker.wait_ready()
                 steps.update()

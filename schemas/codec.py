@@ -4,12 +4,18 @@ Encoding is canonical: map keys in the order of ``schemas/README.md``, optional 
 out when they hold their default. Decoding accepts any key order, ignores unknown keys, and
 raises :class:`~schemas.errors.SchemaError` (and nothing else) for any input that is not a
 valid message, carrying whatever routing envelope could still be read.
+
+``meta`` is decoded as a :class:`PackedMap`, which keeps the bytes it was read from:
+encoding it again (a request's into its result) writes those bytes, so ``meta`` comes back
+byte for byte as the client wrote it (a float32 stays a float32, an integer keeps its
+width).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NoReturn, TypeVar
 
 import msgpack
@@ -30,6 +36,7 @@ from schemas.v1 import (
 )
 
 __all__ = [
+    "PackedMap",
     "decode_request",
     "decode_result",
     "encode_request",
@@ -38,6 +45,7 @@ __all__ = [
 ]
 
 _ENCODING_NAMES = frozenset(encoding.value for encoding in Encoding)
+_DOCS = "docs"  # meta["docs"]: one item of metadata per input (see schemas/README.md)
 _TOPIC = re.compile(r"[A-Za-z0-9._-]+")
 _T = TypeVar("_T")
 
@@ -99,9 +107,35 @@ def _put(body: dict[str, Any], key: str, value: object) -> None:
         body[key] = value
 
 
+class PackedMap(dict[str, Any]):
+    """A map decoded from msgpack that keeps the exact bytes it was decoded from.
+
+    Encoded again, it is written as those bytes, unless its contents no longer equal them
+    (it was changed after decoding, or holds a NaN, which equals nothing): then it is
+    encoded from its contents like any map."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, items: dict[str, Any], packed: bytes) -> None:
+        super().__init__(items)
+        self.packed = packed
+
+    def unchanged(self) -> bool:
+        return bool(msgpack.unpackb(self.packed, raw=False, strict_map_key=False) == self)
+
+
 def _pack(body: dict[str, Any]) -> bytes:
-    packed: bytes = msgpack.packb(body, use_bin_type=True)
-    return packed
+    if not any(isinstance(value, PackedMap) for value in body.values()):
+        packed: bytes = msgpack.packb(body, use_bin_type=True)
+        return packed
+    # The same bytes msgpack.packb writes for a map, with each unchanged PackedMap's own.
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = [packer.pack_map_header(len(body))]
+    for key, value in body.items():
+        parts.append(packer.pack(key))
+        verbatim = isinstance(value, PackedMap) and value.unchanged()
+        parts.append(value.packed if verbatim else packer.pack(value))
+    return b"".join(parts)
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -112,9 +146,12 @@ def decode_request(data: bytes) -> EmbedRequest:
     body = _unpack_map(data)
     envelope = _envelope(body)
     try:
-        return _request_from_map(body)
+        request = _request_from_map(body)
     except SchemaError as exc:
         raise exc.with_envelope(envelope) from None
+    if request.meta is None:
+        return request
+    return replace(request, meta=PackedMap(request.meta, _packed_value(data, "meta")))
 
 
 def decode_result(data: bytes) -> Result:
@@ -124,6 +161,8 @@ def decode_result(data: bytes) -> Result:
     result_id = _required(body, "id", _id)
     keys = _optional(body, "keys", _keys)
     meta = _optional(body, "meta", _meta)
+    if meta is not None:
+        meta = PackedMap(meta, _packed_value(data, "meta"))
     if body.get("error") is not None:
         error = body["error"]
         if not isinstance(error, dict):
@@ -163,6 +202,21 @@ def decode_result(data: bytes) -> Result:
         meta=meta,
         scales=scales,
     )
+
+
+def _packed_value(data: bytes, key: str) -> bytes:
+    """The bytes of the value under ``key`` in ``data``, a msgpack map known to be valid
+    and to hold ``key`` (of duplicate keys the last, as the decoded map keeps)."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(data))
+    unpacker.feed(data)
+    found = b""
+    for _ in range(unpacker.read_map_header()):
+        name = unpacker.unpack()
+        start = unpacker.tell()
+        unpacker.skip()
+        if name == key:
+            found = data[start : unpacker.tell()]
+    return found
 
 
 def _unpack_map(data: bytes) -> dict[str, Any]:
@@ -247,6 +301,9 @@ def _request_from_map(body: dict[str, Any]) -> EmbedRequest:
     keys = _optional(body, "keys", _keys)
     if keys is not None and len(keys) != len(inputs):
         _fail(f"'keys' has {len(keys)} entries for {len(inputs)} inputs")
+    meta = _optional(body, "meta", _meta)
+    if meta is not None:
+        _check_docs(meta, len(inputs))
     prompt = _optional(body, "prompt", _str)
     prompt_name = _optional(body, "prompt_name", _non_empty_str)
     if prompt is not None and prompt_name is not None:
@@ -266,8 +323,24 @@ def _request_from_map(body: dict[str, Any]) -> EmbedRequest:
         reply_to=_optional(body, "reply_to", _topic),
         reply_partition=_optional(body, "reply_partition", _non_negative),
         keys=keys,
-        meta=_optional(body, "meta", _meta),
+        meta=meta,
     )
+
+
+def _check_docs(meta: dict[str, Any], inputs: int) -> None:
+    """``meta["docs"]``, when present, holds exactly one map (or nil) per input."""
+    docs = meta.get(_DOCS)
+    if docs is None:
+        return
+    if not isinstance(docs, list):
+        _fail("'meta.docs' must be an array with one map per input")
+    if len(docs) != inputs:
+        _fail(f"'meta.docs' has {len(docs)} entries for {inputs} inputs")
+    for index, item in enumerate(docs):
+        if item is not None and not (
+            isinstance(item, dict) and all(isinstance(k, str) for k in item)
+        ):
+            _fail(f"'meta.docs'[{index}] must be a map with string keys, or nil", index)
 
 
 def _fail(message: str, index: int | None = None) -> NoReturn:

@@ -40,6 +40,10 @@ class ErrorCode(StrEnum):
     """The request's ``deadline_ms`` passed before it was computed."""
     INTERNAL = "internal"
     """The worker failed; the request may succeed if sent again."""
+    REPLY_FORBIDDEN = "reply_forbidden"
+    """The request's reply topic is not one the worker may answer on (its ``reply_topics``
+    setting). Never an error result, which would go to that topic: the request is
+    dead-lettered with this code instead."""
 
     @property
     def retriable(self) -> bool:

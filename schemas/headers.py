@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from schemas.codec import is_valid_topic
 from schemas.errors import Envelope
+from schemas.v1 import MAX_ID_BYTES
 
 __all__ = [
     "CORRELATION_ID",
@@ -22,6 +24,7 @@ __all__ = [
     "REPLY_TOPIC",
     "Headers",
     "envelope_from_headers",
+    "fill_from_headers",
     "routing_headers",
 ]
 
@@ -54,12 +57,31 @@ def routing_headers(
 
 
 def envelope_from_headers(headers: Iterable[tuple[str, bytes]]) -> Envelope:
-    """Routing fields from headers; unreadable values are left out rather than guessed."""
+    """Routing fields from headers; unreadable values are left out rather than guessed, and
+    so are values outside the body's limits: an id over 256 bytes, an invalid topic name."""
     found = dict(headers)
+    request_id = _text(found.get(CORRELATION_ID))
+    reply_to = _text(found.get(REPLY_TOPIC))
     return Envelope(
-        id=_text(found.get(CORRELATION_ID)),
-        reply_to=_text(found.get(REPLY_TOPIC)),
+        id=request_id if request_id and len(request_id.encode()) <= MAX_ID_BYTES else None,
+        reply_to=reply_to if reply_to and is_valid_topic(reply_to) else None,
         reply_partition=_partition(found.get(REPLY_PARTITION)),
+    )
+
+
+def fill_from_headers(body: Envelope, headers: Envelope) -> Envelope:
+    """The routing of a request: the body's fields win, headers fill what the body lacks.
+
+    A header partition goes with the header topic only: when the body names a reply topic
+    other than ``kafka_replyTopic``, ``kafka_replyPartition`` is not used."""
+    reply_to = body.reply_to if body.reply_to is not None else headers.reply_to
+    partition = body.reply_partition
+    if partition is None and headers.reply_to in (None, reply_to):
+        partition = headers.reply_partition
+    return Envelope(
+        id=body.id if body.id is not None else headers.id,
+        reply_to=reply_to,
+        reply_partition=partition,
     )
 
 

@@ -43,13 +43,12 @@ def f32(value: float) -> float:
 
 
 def int8_row(row: list[float], *, normalized: bool) -> tuple[list[int], float]:
-    """The int8 codes and scale of one row, straight from the spec's formulas (Python's
-    round() rounds half to even, like the spec)."""
-    if normalized:
-        scale, codes = f32(1 / 127), [round(x * 127) for x in row]
-    else:
-        scale = f32(max(abs(x) for x in row) / 127) or f32(1 / 127)
-        codes = [round(x / scale) for x in row]
+    """The int8 codes and scale of one row, straight from the spec's formula: codes
+    rint(x / scale) in double precision with the float32 scale (Python's round() rounds
+    half to even, like the spec)."""
+    own = f32(max(abs(x) for x in row) / 127) or f32(1 / 127)  # 0 underflows to 1/127
+    scale = f32(1 / 127) if normalized else own
+    codes = [round(x / scale) for x in row]
     return [max(-127, min(127, q)) for q in codes], scale
 
 
@@ -57,6 +56,21 @@ def sign_bits(row: list[float]) -> bytes:
     """One row packed: bit 1 where the value is > 0, most significant bit first."""
     bits = [1 if x > 0 else 0 for x in row] + [0] * (-len(row) % 8)
     return bytes(int("".join(map(str, bits[i : i + 8])), 2) for i in range(0, len(bits), 8))
+
+
+def int8_result(name: str, rows: list[list[float]], normalized: bool) -> dict[str, Any]:
+    """A result of two 3-dimensional int8 rows coded from ``rows``."""
+    coded = [int8_row([f32(x) for x in row], normalized=normalized) for row in rows]
+    return {
+        "v": 1,
+        "id": name,
+        "model": "sentence-transformers/all-MiniLM-L6-v2",
+        "dim": 3,
+        "dtype": "int8",
+        "vectors": struct.pack("<6b", *(q for codes, _ in coded for q in codes)),
+        "scales": struct.pack("<2f", *(scale for _, scale in coded)),
+        "tokens": [4, 7],
+    }
 
 
 def encoding_cases() -> list[tuple[str, str, dict[str, Any], str]]:
@@ -68,19 +82,6 @@ def encoding_cases() -> list[tuple[str, str, dict[str, Any], str]]:
         [0.5, -1.0, 0.25, 0.0, -0.1, 0.3, 0.2, -0.4, 0.9, -0.2],
         [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
     ]
-
-    def int8_result(name: str, rows: list[list[float]], normalized: bool) -> dict[str, Any]:
-        coded = [int8_row([f32(x) for x in row], normalized=normalized) for row in rows]
-        return {
-            "v": 1,
-            "id": name,
-            "model": "sentence-transformers/all-MiniLM-L6-v2",
-            "dim": 3,
-            "dtype": "int8",
-            "vectors": struct.pack("<6b", *(q for codes, _ in coded for q in codes)),
-            "scales": struct.pack("<2f", *(scale for _, scale in coded)),
-            "tokens": [4, 7],
-        }
 
     return [
         (
@@ -134,7 +135,7 @@ def encoding_cases() -> list[tuple[str, str, dict[str, Any], str]]:
             "result-int8-normalized",
             "result",
             int8_result("req-8", unit, normalized=True),
-            "normalized rows " + json.dumps(unit) + ": codes rint(x * 127), "
+            "normalized rows " + json.dumps(unit) + ": codes rint(x / scale), "
             "every scale float32(1/127)",
         ),
         (
@@ -262,10 +263,71 @@ def valid_cases() -> list[dict[str, Any]]:
             "",
         ),
         *encoding_cases(),
+        *later_valid_cases(),
     ]
     return [
-        {"name": name, "kind": kind, "hex": pack(body).hex(), "value": as_json(body), "note": note}
+        {
+            "name": name,
+            "kind": kind,
+            "hex": pack_float32_meta(body).hex() if name in FLOAT32_META else pack(body).hex(),
+            "value": as_json(body),
+            "note": note,
+        }
         for name, kind, body, note in cases
+    ]
+
+
+# Vectors whose `meta` floats are written as msgpack float32, as a client may write them.
+FLOAT32_META = ("request-meta-float32", "result-meta-float32")
+
+
+def pack_float32_meta(body: dict[str, Any]) -> bytes:
+    """``body`` packed like pack(), but the floats in its ``meta`` as msgpack float32."""
+    packer = msgpack.Packer(use_bin_type=True)
+    singles = msgpack.Packer(use_bin_type=True, use_single_float=True)
+    parts = [packer.pack_map_header(len(body))]
+    for key, value in body.items():
+        parts += [packer.pack(key), (singles if key == "meta" else packer).pack(value)]
+    return b"".join(parts)
+
+
+def later_valid_cases() -> list[tuple[str, str, dict[str, Any], str]]:
+    """Valid messages added after the first release of v1 (appended, never reordered)."""
+    near_tie = [
+        [0.625984251499176, 0.7798357009887695, 0.0],
+        [-0.625984251499176, 0.0, 0.7798357009887695],
+    ]
+    meta = {"source": "crawler", "score": f32(0.1)}
+    return [
+        (
+            "result-int8-normalized-near-tie",
+            "result",
+            int8_result("req-11", near_tie, normalized=True),
+            "normalized rows " + json.dumps(near_tie) + ": codes rint(x / scale) with "
+            "scale float32(1/127), so 0.625984251499176 codes as 80 (rint(x * 127) would "
+            "give 79)",
+        ),
+        (
+            "request-meta-float32",
+            "request",
+            {"v": 1, "id": "req-12", "inputs": ["hello"], "meta": meta},
+            "meta.score is a msgpack float32 (0xca); a worker copies meta byte for byte",
+        ),
+        (
+            "result-meta-float32",
+            "result",
+            {
+                "v": 1,
+                "id": "req-12",
+                "model": "sentence-transformers/all-MiniLM-L6-v2",
+                "dim": 2,
+                "dtype": "float32",
+                "vectors": struct.pack("<2f", 0.6, 0.8),
+                "tokens": [3],
+                "meta": meta,
+            },
+            "the answer to request-meta-float32: its meta bytes unchanged, float32 included",
+        ),
     ]
 
 
@@ -325,6 +387,11 @@ def invalid_cases() -> list[dict[str, Any]]:
             eid,
         ),
         ("prompt-name-empty", pack({**ok, "prompt_name": ""}), bad, None, eid),
+        ("version-negative", pack({**ok, "v": -1}), bad, None, eid),
+        ("version-not-integer", pack({**ok, "v": "1"}), bad, None, eid),
+        ("meta-docs-length-mismatch", pack({**ok, "meta": {"docs": [{}, {}]}}), bad, None, eid),
+        ("meta-docs-not-array", pack({**ok, "meta": {"docs": {"title": "x"}}}), bad, None, eid),
+        ("meta-docs-item-not-map", pack({**ok, "meta": {"docs": ["title"]}}), bad, 0, eid),
     ]
     return [
         {"name": name, "hex": data.hex(), "code": code, "index": index, "envelope_id": envelope}
@@ -332,9 +399,136 @@ def invalid_cases() -> list[dict[str, Any]]:
     ]
 
 
+def routing_cases() -> list[dict[str, Any]]:
+    """What a worker with the default settings (results topic ``embed.results``, reply
+    topics ``embed\\.results(\\..+)?``) does with a request, headers included."""
+    minimal = {"v": 1, "id": "route-1", "inputs": ["text"]}
+
+    def headers(
+        request_id: str | None = None, topic: str | None = None, partition: int | None = None
+    ) -> list[list[str]]:
+        found = []
+        if request_id is not None:
+            found.append(["kafka_correlationId", request_id.encode().hex()])
+        if topic is not None:
+            found.append(["kafka_replyTopic", topic.encode().hex()])
+        if partition is not None:
+            found.append(["kafka_replyPartition", partition.to_bytes(4, "big").hex()])
+        return found
+
+    def answer(
+        reply_to: str | None, partition: int | None, code: str | None = None, rid: str = "route-1"
+    ) -> dict[str, Any]:
+        return {
+            "outcome": "answer",
+            "code": code,
+            "id": rid,
+            "reply_to": reply_to,
+            "reply_partition": partition,
+        }
+
+    def dead_letter(code: str) -> dict[str, Any]:
+        return {"outcome": "dead_letter", "code": code}
+
+    docs = "embed.results.docs"
+    long_id = "x" * 257
+    cases: list[tuple[str, bytes, list[list[str]], dict[str, Any], str]] = [
+        ("no-routing", pack(minimal), [], answer(None, None), "the results topic, by key"),
+        (
+            "headers-give-topic-and-partition",
+            pack(minimal),
+            headers("route-1", "embed.results.spring", 1),
+            answer("embed.results.spring", 1),
+            "a body without reply_to and reply_partition takes both from the headers",
+        ),
+        (
+            "headers-give-partition",
+            pack({**minimal, "reply_to": docs}),
+            headers("route-1", docs, 3),
+            answer(docs, 3),
+            "the header partition goes with its topic, which the body names too",
+        ),
+        (
+            "header-partition-of-another-topic",
+            pack({**minimal, "reply_to": docs}),
+            headers("route-1", "embed.results.other", 3),
+            answer(docs, None),
+            "the body names another topic than the header: the header partition is not used",
+        ),
+        (
+            "body-wins",
+            pack({**minimal, "reply_to": docs, "reply_partition": 0}),
+            headers("other-id", "embed.results.other", 5),
+            answer(docs, 0),
+            "body fields win over headers where both are present",
+        ),
+        (
+            "unreadable-body-headers-answer",
+            b"\xc1",
+            headers("route-2", docs, 2),
+            answer(docs, 2, "invalid_request", "route-2"),
+            "an unreadable body is answered where the headers say",
+        ),
+        (
+            "results-topic-named",
+            pack({**minimal, "reply_to": "embed.results"}),
+            [],
+            answer("embed.results", None),
+            "",
+        ),
+        (
+            "reply-to-forbidden",
+            pack({**minimal, "reply_to": "orders"}),
+            [],
+            dead_letter("reply_forbidden"),
+            "not computed, nothing written to orders",
+        ),
+        (
+            "reply-to-lookalike-forbidden",
+            pack({**minimal, "reply_to": "embed.resultsX"}),
+            [],
+            dead_letter("reply_forbidden"),
+            "the pattern must match the whole name",
+        ),
+        (
+            "header-reply-topic-forbidden",
+            pack(minimal),
+            headers("route-1", "orders"),
+            dead_letter("reply_forbidden"),
+            "a reply topic from the headers is held to the same rule",
+        ),
+        (
+            "invalid-request-to-forbidden-topic",
+            pack({**minimal, "inputs": [], "reply_to": "orders"}),
+            [],
+            dead_letter("reply_forbidden"),
+            "not even an error result is written to a forbidden topic",
+        ),
+        (
+            "id-too-long",
+            pack({**minimal, "id": long_id}),
+            headers(long_id, docs),
+            dead_letter("invalid_request"),
+            "an id over 256 bytes is never echoed: not from the body, not from the header",
+        ),
+        (
+            "version-zero",
+            pack({**minimal, "v": 0}),
+            [],
+            answer(None, None, "invalid_request"),
+            "v below 1 is invalid_request (above 1: unsupported_version)",
+        ),
+    ]
+    return [
+        {"name": name, "hex": data.hex(), "headers": found, **outcome, "note": note}
+        for name, data, found, outcome, note in cases
+    ]
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, cases in (("valid", valid_cases()), ("invalid", invalid_cases())):
+    files = (("valid", valid_cases()), ("invalid", invalid_cases()), ("routing", routing_cases()))
+    for name, cases in files:
         text = json.dumps(cases, indent=2, ensure_ascii=False) + "\n"
         (OUT / f"{name}.json").write_text(text, encoding="utf-8")
 

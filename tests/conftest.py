@@ -24,6 +24,9 @@ os.environ.setdefault("KEMBED_TORCH_COMPILE", "off")
 # suite runs many workers on one broker, serving the same model names on different topics,
 # and SIGKILLed ones leave cards that stay live for three intervals.
 os.environ.setdefault("KEMBED_CATALOG_TOPIC", "")
+# Test workers answer on any reply topic unless a test asks for the default allow-list
+# (test_bad_input's reply_forbidden test): each test names its own reply topics.
+os.environ.setdefault("KEMBED_REPLY_TOPICS", ".+")
 
 
 @pytest.fixture(scope="session")

@@ -4,17 +4,22 @@ dead letter.
 Nothing here raises for bad input. A message is answered with an error result whenever it
 names a request id (in the body, or in the ``kafka_correlationId`` header when the body is
 unreadable); only messages nobody could correlate an answer with go to the dead-letter
-topic.
+topic, and so do messages whose reply topic the worker may not answer on
+(``reply_forbidden``): an error result would be written to that very topic.
+
+Routing follows Spring's request/reply headers where the body is silent: the
+``kafka_replyTopic`` and ``kafka_replyPartition`` headers fill a missing ``reply_to`` and
+``reply_partition`` (the body wins where both are present).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
 
 from schemas import EmbedRequest, ErrorCode, ErrorInfo, SchemaError, decode_request
 from schemas.errors import Envelope
-from schemas.headers import envelope_from_headers
+from schemas.headers import envelope_from_headers, fill_from_headers
 from worker.ports import Record
 
 __all__ = ["Accepted", "DeadLetter", "Limits", "ModelLimits", "Rejected", "decode_record"]
@@ -39,6 +44,8 @@ class Limits:
     answers requests that name none, unless ``topic_models`` says otherwise."""
     topic_models: Mapping[str, str] = field(default_factory=dict)
     """Request topic -> the name of the model answering its requests that name none."""
+    reply_allowed: Callable[[str], bool] = field(default=lambda topic: True)
+    """Whether a request may name a topic as its reply topic (the worker's reply_topics)."""
 
     def model_for(self, requested: str | None, topic: str) -> ModelLimits | None:
         if requested is not None:
@@ -78,18 +85,28 @@ Decoded = Accepted | Rejected | DeadLetter
 
 
 def decode_record(record: Record, limits: Limits, now_ms: int) -> Decoded:
+    headers = envelope_from_headers(record.headers)
     if record.value is None:
-        return _answer(SchemaError(ErrorCode.INVALID_REQUEST, "message has no value"), record)
+        error = SchemaError(ErrorCode.INVALID_REQUEST, "message has no value")
+        return _answer(error, headers, limits)
     if len(record.value) > limits.max_request_bytes:
         error = SchemaError(
             ErrorCode.MESSAGE_TOO_LARGE,
             f"message of {len(record.value)} bytes exceeds {limits.max_request_bytes}",
         )
-        return _answer(error, record)
+        return _answer(error, headers, limits)
     try:
         request = decode_request(record.value)
     except SchemaError as exc:
-        return _answer(exc, record)
+        return _answer(exc, headers, limits)
+    body = Envelope(request.id, request.reply_to, request.reply_partition)
+    routing = fill_from_headers(body, headers)
+    if routing != body:
+        request = replace(
+            request, reply_to=routing.reply_to, reply_partition=routing.reply_partition
+        )
+    if (forbidden := _forbidden(request.reply_to, limits)) is not None:
+        return forbidden
     model = limits.model_for(request.model, record.topic)
     problem = _check(request, limits, model, now_ms)
     if problem is not None or model is None:
@@ -102,6 +119,15 @@ def decode_record(record: Record, limits: Limits, now_ms: int) -> Decoded:
             request.meta,
         )
     return Accepted(request, model.name)
+
+
+def _forbidden(reply_to: str | None, limits: Limits) -> DeadLetter | None:
+    if reply_to is None or limits.reply_allowed(reply_to):
+        return None
+    return DeadLetter(
+        ErrorCode.REPLY_FORBIDDEN,
+        f"reply topic {reply_to!r} is not allowed: it must match the worker's reply_topics",
+    )
 
 
 def _unknown_model(limits: Limits) -> ErrorInfo:
@@ -135,16 +161,11 @@ def _check(
     return None
 
 
-def _answer(error: SchemaError, record: Record) -> Rejected | DeadLetter:
-    envelope = _merge(error.envelope, envelope_from_headers(record.headers))
+def _answer(error: SchemaError, headers: Envelope, limits: Limits) -> Rejected | DeadLetter:
+    envelope = fill_from_headers(error.envelope, headers)
     if envelope.id is None:
         return DeadLetter(error.code, error.message)
+    if (forbidden := _forbidden(envelope.reply_to, limits)) is not None:
+        return forbidden
     info = ErrorInfo(error.code, error.message, error.index)
     return Rejected(envelope.id, envelope.reply_to, envelope.reply_partition, info)
-
-
-def _merge(body: Envelope, headers: Envelope) -> Envelope:
-    """The body's routing fields win; headers fill what the body could not give."""
-    if body.id is not None:
-        return body
-    return headers

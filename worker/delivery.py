@@ -36,7 +36,7 @@ from worker.ports import (
     TransactionalPublisher,
 )
 from worker.publish import dead_letter_headers, result_headers
-from worker.replies import Replier, ReplyTo
+from worker.replies import Replier, ReplyTo, retry_transient
 from worker.settings import WorkerSettings
 
 __all__ = ["AtLeastOnce", "Delivery", "ExactlyOnce", "TransactionError", "make_delivery"]
@@ -103,8 +103,9 @@ def make_delivery(
 ) -> Delivery:
     """The strategy ``settings.delivery`` names, over ``publisher`` (which must be a
     ``TransactionalPublisher`` for exactly_once). ``on_dead_letter`` is told the code of
-    every dead letter written; ``retry_for_s`` and ``on_retry`` concern at least once's
-    retries of transient publish failures (exactly once retries within a transaction)."""
+    every dead letter written; ``retry_for_s`` and ``on_retry`` concern retries of transient
+    publish failures (at least once: every send; exactly once: the check of a destination
+    before its answer joins a transaction, which then retries within the transaction)."""
     if settings.delivery == "exactly_once":
         if not isinstance(publisher, TransactionalPublisher):
             raise TypeError("exactly_once delivery needs a transactional publisher")
@@ -119,6 +120,8 @@ def make_delivery(
             timeout_s=settings.transaction_timeout_ms / 1000,
             on_fatal=on_fatal,
             on_dead_letter=on_dead_letter,
+            retry_for_s=retry_for_s,
+            on_retry=on_retry,
         )
     if isinstance(publisher, TransactionalPublisher):
         raise TypeError("at_least_once delivery needs a plain publisher")
@@ -274,8 +277,12 @@ class ExactlyOnce:
         on_dead_letter: Callable[[str], None] = lambda code: None,
         max_answers: int = MAX_TRANSACTION_ANSWERS,
         settle_s: float = SETTLE_S,
+        retry_for_s: float = 300.0,
+        on_retry: Callable[[], None] = lambda: None,
     ) -> None:
         self._producer = producer
+        self._retry_for_s = retry_for_s
+        self._on_retry = on_retry
         self._source = source
         self._tracker = tracker
         self._group_id = group_id
@@ -307,8 +314,12 @@ class ExactlyOnce:
     async def answer(self, record: Record, reply: ReplyTo, value: bytes) -> bool:
         topic = reply.reply_to or self._results_topic
         try:
-            await self._producer.check_destination(topic, reply.reply_partition)
+            await self._check_destination(topic, reply.reply_partition)
         except PublishError as exc:
+            if exc.retriable:  # retries ran out: the broker is gone, so is the DLQ
+                log.error("publish.gave_up", request_id=reply.id, reply_to=topic, reason=exc.reason)
+                self._on_fatal(exc)
+                return False
             log.warning(
                 "publish.failed",
                 request_id=reply.id,
@@ -326,7 +337,7 @@ class ExactlyOnce:
 
     async def dead_letter(self, record: Record, code: str, message: str) -> bool:
         try:
-            await self._producer.check_destination(self._dlq_topic, None)
+            await self._check_destination(self._dlq_topic, None)
         except PublishError as exc:
             log.error(
                 "dead_letter.failed",
@@ -338,6 +349,15 @@ class ExactlyOnce:
             self._on_fatal(exc)
             return False
         return await self._wait(record, self._letter(record, code, message))
+
+    async def _check_destination(self, topic: str, partition: int | None) -> None:
+        """The producer's check, its transient failures retried for up to retry_for_s."""
+        await retry_transient(
+            lambda: self._producer.check_destination(topic, partition),
+            topic=topic,
+            retry_for_s=self._retry_for_s,
+            on_retry=self._on_retry,
+        )
 
     def _letter(self, record: Record, code: str, message: str, *, value: bool = True) -> _Message:
         return _Message(

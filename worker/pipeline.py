@@ -655,6 +655,7 @@ def _limits(models: Sequence[ServedModel], settings: WorkerSettings) -> Limits:
         max_client_batch_size=settings.max_client_batch_size,
         models=names,
         topic_models=topics,
+        reply_allowed=settings.reply_topic_allowed,
     )
 
 

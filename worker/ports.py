@@ -82,8 +82,10 @@ class TransactionalPublisher(Protocol):
     """
 
     async def check_destination(self, topic: str, partition: int | None) -> None:
-        """Raise PublishError (not retriable) if ``topic``, or ``partition`` of it, does not
-        exist; the check a message must pass before it may join a transaction."""
+        """Raise PublishError if ``topic``, or ``partition`` of it, cannot be written; the
+        check a message must pass before it may join a transaction. Not retriable: the topic
+        or partition does not exist, or may not be written; retriable: the broker did not
+        say in time (restarting, unreachable)."""
         ...
 
     async def begin(self) -> None: ...

@@ -77,21 +77,20 @@ def quantize_int8(
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
     """Codes ``q`` in [-127, 127] and one float32 scale per row, value ~= ``q * scale``.
 
-    Normalized rows share the fixed scale 1/127 (``q = rint(x * 127)``), so int8 dot
-    products compare across vectors; other rows use their own largest magnitude
-    (``scale = max|x| / 127``, ``q = rint(x / scale)``). Products and quotients are taken in
-    float64; ``rint`` rounds half to even.
+    One formula for every row: ``q = rint(x / scale)``, the quotient taken in float64 with
+    the float32 scale that is sent (``rint`` rounds half to even). Normalized rows share the
+    fixed scale float32(1/127), so int8 dot products compare across vectors; other rows use
+    their own largest magnitude (``scale = max|x| / 127``, rounded to float32).
     """
     values = vectors.astype(np.float64)
     rows = values.shape[0]
     if normalized:
         scales = np.full(rows, INT8_NORMALIZED_SCALE, dtype=np.float32)
-        scaled = values * INT8_MAX
     else:
         scales = (np.max(np.abs(values), axis=1) / INT8_MAX).astype(np.float32)
         # An all-zero row (or one so small that its scale underflows) codes as zeros.
         scales[~(scales > 0)] = np.float32(INT8_NORMALIZED_SCALE)
-        scaled = values / scales.astype(np.float64)[:, None]
+    scaled = values / scales.astype(np.float64)[:, None]
     codes = np.clip(np.rint(scaled), -INT8_MAX, INT8_MAX).astype(np.int8)
     return codes, scales
 

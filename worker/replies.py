@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -25,7 +25,7 @@ import structlog
 from worker.ports import Publisher, PublishError, Record
 from worker.publish import dead_letter_headers, result_headers
 
-__all__ = ["Replier", "ReplyTo"]
+__all__ = ["Replier", "ReplyTo", "retry_transient"]
 
 log = structlog.get_logger("kembed.worker")
 
@@ -137,19 +137,37 @@ class Replier:
         partition: int | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
-        """Send, retrying transient failures with exponential backoff (50 ms to 2 s)."""
-        give_up = time.monotonic() + self._retry_for_s
-        delay = 0.05
-        while True:
-            try:
-                await self._publisher.send(
-                    topic, value, key=key, partition=partition, headers=headers
-                )
-                return
-            except PublishError as exc:
-                if not exc.retriable or time.monotonic() + delay > give_up:
-                    raise
-                log.warning("publish.retrying", topic=topic, reason=exc.reason, delay_s=delay)
-                self._on_retry()
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 2.0)
+        """Send, retrying transient failures (see :func:`retry_transient`)."""
+        await retry_transient(
+            lambda: self._publisher.send(
+                topic, value, key=key, partition=partition, headers=headers
+            ),
+            topic=topic,
+            retry_for_s=self._retry_for_s,
+            on_retry=self._on_retry,
+        )
+
+
+async def retry_transient(
+    attempt: Callable[[], Awaitable[None]],
+    *,
+    topic: str,
+    retry_for_s: float,
+    on_retry: Callable[[], None] = lambda: None,
+) -> None:
+    """Run ``attempt`` (a send, or a check of its destination), retrying a retriable
+    PublishError with exponential backoff (50 ms to 2 s) for up to ``retry_for_s``; then,
+    or at once for a permanent one, the PublishError is raised."""
+    give_up = time.monotonic() + retry_for_s
+    delay = 0.05
+    while True:
+        try:
+            await attempt()
+            return
+        except PublishError as exc:
+            if not exc.retriable or time.monotonic() + delay > give_up:
+                raise
+            log.warning("publish.retrying", topic=topic, reason=exc.reason, delay_s=delay)
+            on_retry()
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 2.0)

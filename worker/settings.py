@@ -7,6 +7,7 @@ not just what it is.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import uuid
 from pathlib import Path
@@ -25,6 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
     "DEFAULT_MODEL",
+    "DEFAULT_REPLY_TOPICS",
     "SECURITY_FIELDS",
     "KafkaClientSettings",
     "ModelSpec",
@@ -33,6 +35,7 @@ __all__ = [
 ]
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+DEFAULT_REPLY_TOPICS = r"embed\.results(\..+)?"
 
 SECURITY_FIELDS = (
     "security_protocol",
@@ -223,9 +226,32 @@ class WorkerSettings(KafkaClientSettings):
     )
     dlq_topic: str = Field(
         "embed.requests.dlq",
-        description="Dead-letter topic for messages that cannot be answered (no id, or the "
-        "reply topic cannot be written). Headers name origin and reason.",
+        description="Dead-letter topic for messages that cannot be answered (no id, a reply "
+        "topic reply_topics does not allow, or one that cannot be written). Headers name "
+        "origin and reason.",
     )
+    # reply topics a request may name (reply_to, or the kafka_replyTopic header)
+    reply_topics: str = Field(
+        DEFAULT_REPLY_TOPICS,
+        description="Regular expression that a request's reply_to must match in full; the "
+        "results topic is always allowed. A request naming another topic is not computed: "
+        "it is dead-lettered with code reply_forbidden. The default allows embed.results and "
+        "embed.results.*, so the worker needs WRITE only on the prefix embed.results.",
+    )
+
+    @field_validator("reply_topics")
+    @classmethod
+    def _compile_reply_topics(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        return value
+
+    def reply_topic_allowed(self, topic: str) -> bool:
+        """Whether a request may name ``topic`` as its reply topic."""
+        return topic == self.results_topic or re.fullmatch(self.reply_topics, topic) is not None
+
     group_id: str = Field(
         "kembed-workers",
         description="Consumer group. Workers of one group share the request partitions; "

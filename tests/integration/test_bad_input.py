@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -22,7 +25,8 @@ from schemas.headers import (
 )
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
-from tests.integration.kafka_io import collect, producer
+from tests.integration.kafka_io import collect, producer, read_all
+from worker.settings import DEFAULT_REPLY_TOPICS
 
 pytestmark = pytest.mark.integration
 
@@ -212,3 +216,96 @@ async def test_every_documented_bad_input_gets_its_error_code(
     assert b"no.such.reply.topic" in headers[DLQ_ERROR_MESSAGE]
     assert letters[0].value == unwritable
     assert worker.process.poll() is None, "the worker must keep running"
+
+
+async def test_a_reply_topic_outside_the_allow_list_is_dead_lettered(
+    kafka: LocalKafka, tmp_path: Path
+) -> None:
+    """A worker with the default KEMBED_REPLY_TOPICS: requests naming another reply topic
+    (in the body, or in Spring's kafka_replyTopic header only) are not computed, land in
+    the request DLQ with code reply_forbidden and are counted, and nothing is written to
+    the topic they named; the requests around them are answered on embed.results.*, the
+    header-only one on the partition its header names."""
+    tag = uuid.uuid4().hex[:8]
+    requests, forbidden = f"test.forbid.{tag}.requests", f"test.forbid.{tag}.replies"
+    allowed = f"embed.results.forbid-{tag}"
+    kafka.create_topics([TopicSpec(requests, 1), TopicSpec(forbidden, 1), TopicSpec(allowed, 2)])
+    worker = WorkerProcess(
+        kafka.bootstrap_servers,
+        tmp_path / "worker.log",
+        dtype="float32",
+        requests_topic=requests,
+        bulk_topic="",
+        group_id=f"forbid-{tag}",
+        reply_topics=DEFAULT_REPLY_TOPICS,  # not the test suite's permissive default
+    )
+    try:
+        worker.wait_ready()
+        plain = {"v": 1, "inputs": ["a valid text"]}
+        to_allowed = {"reply_to": allowed, "reply_partition": 0}
+        async with producer(kafka.bootstrap_servers) as client:
+            await client.send_and_wait(
+                requests, msgpack.packb({**plain, "id": f"{tag}-before", **to_allowed})
+            )
+            in_body = await client.send_and_wait(
+                requests, msgpack.packb({**plain, "id": f"{tag}-body", "reply_to": forbidden})
+            )
+            in_header = await client.send_and_wait(
+                requests,
+                msgpack.packb({**plain, "id": f"{tag}-header"}),
+                headers=routing_headers(f"{tag}-header", forbidden),
+            )
+            # Spring-style: routed by headers alone, to an allowed topic and partition.
+            await client.send_and_wait(
+                requests,
+                msgpack.packb({**plain, "id": f"{tag}-spring"}),
+                headers=routing_headers(f"{tag}-spring", allowed, 1),
+            )
+            await client.send_and_wait(
+                requests, msgpack.packb({**plain, "id": f"{tag}-after", **to_allowed})
+            )
+
+        def ids(records: list[Any]) -> set[str]:
+            return {dict(r.headers).get(CORRELATION_ID, b"").decode() for r in records}
+
+        both = {f"{tag}-before", f"{tag}-after"}
+        first = await collect(kafka.bootstrap_servers, allowed, lambda rs: both <= ids(rs))
+        second = await collect(
+            kafka.bootstrap_servers, allowed, lambda rs: f"{tag}-spring" in ids(rs), partition=1
+        )
+        assert both <= ids(first)
+        assert ids(second) == {f"{tag}-spring"}, "the header partition is honoured"
+        for record in (*first, *second):
+            assert isinstance(decode_result(record.value), EmbedResult)
+
+        offsets = {b"%d" % in_body.offset, b"%d" % in_header.offset}
+
+        def letters(records: list[Any]) -> list[Any]:
+            return [
+                r
+                for r in records
+                if dict(r.headers).get(DLQ_TOPIC) == requests.encode()
+                and dict(r.headers).get(DLQ_OFFSET) in offsets
+            ]
+
+        dlq = await collect(
+            kafka.bootstrap_servers, "embed.requests.dlq", lambda rs: len(letters(rs)) >= 2
+        )
+        found = letters(dlq)
+        assert len(found) == 2
+        for letter in found:
+            headers = dict(letter.headers)
+            assert headers[DLQ_ERROR_CODE] == b"reply_forbidden"
+            assert forbidden.encode() in headers[DLQ_ERROR_MESSAGE]
+        assert await read_all(kafka.bootstrap_servers, forbidden) == []
+        metrics = await asyncio.to_thread(_get, f"{worker.http_url}/metrics")
+        assert 'kembed_dlq_messages_total{code="reply_forbidden"} 2.0' in metrics
+        assert worker.process.poll() is None, "the worker keeps serving"
+    finally:
+        worker.stop()
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text: str = response.read().decode()
+    return text

@@ -33,12 +33,14 @@ from producer_sdk import (
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import ROOT, WorkerProcess
 from tests.integration.kafka_io import producer
+from worker.settings import DEFAULT_REPLY_TOPICS
 
 pytestmark = pytest.mark.integration
 
 WORKER_USER = "kembed-worker"
 USERS = ("admin", WORKER_USER, "alice", "bob", "carol", "dave", "erin")
 DAVE_GROUP = "dave-workers"
+ALICE_REPLIES = "embed.results.alice"
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +56,15 @@ def secure_kafka(
     broker = LocalKafka(tmp_path_factory.mktemp("secure-kafka"), scram_users=passwords, tls=True)
     broker.start()
     try:
-        # The worker: exactly what it needs, nothing more.
+        # The worker: exactly what it needs, nothing more. One prefixed ACL covers the
+        # results topic and every reply topic the default KEMBED_REPLY_TOPICS allows.
         for topic in ("embed.requests", "embed.requests.bulk"):
             broker.grant(WORKER_USER, ["read"], topic=topic)
         broker.grant(WORKER_USER, ["read"], group="kembed-workers")
-        for topic in ("embed.results", "embed.requests.dlq"):
-            broker.grant(WORKER_USER, ["write"], topic=topic)
+        broker.grant(WORKER_USER, ["write"], topic="embed.results", prefixed=True)
+        broker.grant(WORKER_USER, ["write"], topic="embed.requests.dlq")
+        broker.create_topics([TopicSpec(ALICE_REPLIES, 1)])
+        broker.grant("alice", ["read"], topic=ALICE_REPLIES)
         # alice: a client with the rights a client needs.
         broker.grant("alice", ["write"], topic="embed.requests")
         broker.grant("alice", ["read"], topic="embed.results")
@@ -102,6 +107,7 @@ def secure_worker(
     process = WorkerProcess(
         secure_kafka.bootstrap_servers,
         tmp_path_factory.mktemp("secure-worker") / "worker.log",
+        reply_topics=DEFAULT_REPLY_TOPICS,
         **worker_login(WORKER_USER, passwords[WORKER_USER]),
     )
     try:
@@ -128,6 +134,19 @@ async def test_authorized_client_gets_vectors(
     assert vectors.shape == (2, 384)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-3)
     assert_no_secret(repr(client.config), passwords)
+
+
+async def test_a_worker_with_write_on_the_results_prefix_answers_on_any_allowed_topic(
+    secure_kafka: LocalKafka, secure_worker: WorkerProcess, passwords: dict[str, str]
+) -> None:
+    """The worker's only WRITE right on answers is the prefixed ACL on embed.results: it
+    covers a client's own reply topic embed.results.alice as well as embed.results."""
+    options = sasl("alice", passwords["alice"])
+    async with EmbedClient(
+        secure_kafka.bootstrap_servers, reply_topic=ALICE_REPLIES, **options
+    ) as client:
+        vectors = await client.embed(["answered on the client's own topic"], timeout=60)
+    assert vectors.shape == (1, 384)
 
 
 async def test_client_without_write_right_gets_authorization_error(

@@ -10,13 +10,18 @@ import msgpack
 import pytest
 
 from schemas import (
+    DEFAULT_RESULTS_TOPIC,
     Encoding,
+    ErrorCode,
     SchemaError,
     decode_request,
     decode_result,
     encode_request,
     encode_result,
 )
+from worker.decode import Accepted, DeadLetter, Limits, ModelLimits, Rejected, decode_record
+from worker.ports import Record
+from worker.settings import DEFAULT_REPLY_TOPICS, WorkerSettings
 
 VECTORS = Path(__file__).resolve().parents[2] / "schemas" / "vectors" / "v1"
 VALID = json.loads((VECTORS / "valid.json").read_text(encoding="utf-8"))
@@ -73,3 +78,54 @@ def test_golden_vectors_cover_every_encoding() -> None:
     carried = {c["value"]["dtype"] for c in VALID if "dtype" in c["value"]}
     assert asked == every
     assert carried == every
+
+
+ROUTING = json.loads((VECTORS / "routing.json").read_text(encoding="utf-8"))
+
+
+def _default_worker_limits() -> Limits:
+    """Decoding limits of a worker with the default topic settings (whatever the
+    environment says), serving one model."""
+    settings = WorkerSettings.model_validate(
+        {"results_topic": DEFAULT_RESULTS_TOPIC, "reply_topics": DEFAULT_REPLY_TOPICS}
+    )
+    model = ModelLimits("sentence-transformers/all-MiniLM-L6-v2", 384)
+    return Limits(
+        max_request_bytes=4 * 1024 * 1024,
+        max_client_batch_size=512,
+        models={model.name: model},
+        reply_allowed=settings.reply_topic_allowed,
+    )
+
+
+@pytest.mark.parametrize("case", ROUTING, ids=[c["name"] for c in ROUTING])
+def test_routing_vector_is_answered_where_it_says(case: dict[str, Any]) -> None:
+    """A worker with the default settings answers a routing golden message on the topic
+    and partition it documents (headers filling what the body lacks), or dead-letters it
+    with its code."""
+    headers = tuple((name, bytes.fromhex(value)) for name, value in case["headers"])
+    record = Record("embed.requests", 0, 7, bytes.fromhex(case["hex"]), headers=headers)
+    decoded = decode_record(record, _default_worker_limits(), now_ms=0)
+    if case["outcome"] == "dead_letter":
+        assert isinstance(decoded, DeadLetter), decoded
+        assert decoded.code == case["code"]
+        return
+    if case["code"] is None:
+        assert isinstance(decoded, Accepted), decoded
+        routed = (decoded.request.id, decoded.request.reply_to, decoded.request.reply_partition)
+    else:
+        assert isinstance(decoded, Rejected), decoded
+        assert decoded.error.code == case["code"]
+        routed = (decoded.request_id, decoded.reply_to, decoded.reply_partition)
+    assert routed == (case["id"], case["reply_to"], case["reply_partition"])
+
+
+def test_golden_vectors_cover_every_error_code() -> None:
+    """Every error code of the table appears in a golden vector: an error result, an
+    invalid request or a routing case."""
+    codes = {c["value"]["error"]["code"] for c in VALID if "error" in c["value"]}
+    codes |= {c["code"] for c in INVALID}
+    codes |= {c["code"] for c in ROUTING if c["code"] is not None}
+    untested = {"too_many_inputs", "message_too_large", "result_too_large"}  # worker limits
+    untested |= {"deadline_exceeded", "internal"}  # time and failure, not bytes
+    assert {str(code) for code in ErrorCode} - untested <= codes

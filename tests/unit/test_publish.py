@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -20,7 +21,9 @@ from schemas import (
     EmbedResult,
     Encoding,
     ErrorCode,
+    ErrorInfo,
     ErrorResult,
+    decode_request,
     decode_result,
     encode_result,
 )
@@ -36,6 +39,7 @@ from schemas.headers import (
 from worker.ports import Record
 from worker.publish import (
     dead_letter_headers,
+    encode_error,
     encode_rows,
     encode_vectors,
     finish,
@@ -111,6 +115,57 @@ def test_encode_vectors_decodes_to_the_right_result() -> None:
     assert result.keys == ("x", 7)
     assert result.meta == {"trace": "t"}
     np.testing.assert_allclose(unpack_vectors(result), [[0.6, 0.8], [1.0, 0.0]], rtol=1e-6)
+
+
+def _float32_meta_request(**fields: Any) -> bytes:
+    """A request whose meta holds msgpack float32s and a uint32-wide integer, as a JVM
+    client's msgpack-core packFloat / packInt(Long) may write them."""
+    packer = msgpack.Packer(use_bin_type=True)
+    meta = (
+        packer.pack_map_header(3)
+        + packer.pack("score")
+        + struct.pack(">Bf", 0xCA, 0.1)  # float32
+        + packer.pack("docs")
+        + packer.pack_array_header(1)
+        + packer.pack_map_header(1)
+        + packer.pack("weight")
+        + struct.pack(">Bf", 0xCA, 0.5)
+        + packer.pack("count")
+        + struct.pack(">BI", 0xCE, 7)  # 7 as uint32, not a positive fixint
+    )
+    body = {"v": 1, "id": "req-m", "inputs": ["text"], **fields}
+    return (
+        packer.pack_map_header(len(body) + 1)
+        + b"".join(packer.pack(key) + packer.pack(value) for key, value in body.items())
+        + packer.pack("meta")
+        + meta
+    )
+
+
+def test_meta_is_copied_into_the_result_byte_for_byte() -> None:
+    """A request's meta comes back in its result (vectors or error) exactly as the client
+    wrote it: float32 values stay float32, integers keep their width."""
+    data = _float32_meta_request()
+    packed_meta = data[data.index(b"\xa4meta") + 5 :]
+    request = decode_request(data)
+    assert request.meta == {"score": pytest.approx(0.1), "docs": [{"weight": 0.5}], "count": 7}
+    vectors = encode_vectors(request, raw_vectors()[:1], [3], "minilm", max_bytes=10_000)
+    assert vectors.endswith(b"\xa4meta" + packed_meta)
+    error = encode_error(request.id, ErrorInfo(ErrorCode.INTERNAL, "x"), None, request.meta)
+    assert error.endswith(b"\xa4meta" + packed_meta)
+    assert decode_result(vectors).meta == request.meta
+
+
+def test_changed_meta_is_encoded_from_its_contents() -> None:
+    """A decoded meta that was changed afterwards is written as it now is, not as read."""
+    request = decode_request(_float32_meta_request())
+    assert request.meta is not None
+    request.meta["score"] = 2.0
+    result = decode_result(
+        encode_error(request.id, ErrorInfo(ErrorCode.INTERNAL, "x"), None, request.meta)
+    )
+    assert result.meta is not None
+    assert result.meta["score"] == 2.0
 
 
 def test_encode_vectors_without_normalize_keeps_raw_values() -> None:
@@ -211,14 +266,15 @@ def test_float16_encoding_is_ieee_half_rounding(vectors: npt.NDArray[np.float32]
 
 @settings(max_examples=200, deadline=None)
 @given(matrices())
-def test_int8_of_normalized_rows_is_rint_x_times_127(raw: npt.NDArray[np.float32]) -> None:
-    """Normalized rows: codes rint(x * 127) in [-127, 127], every scale float32(1/127), and
-    codes / 127 within half a step (1/254) of the value."""
+def test_int8_of_normalized_rows_is_rint_x_over_the_scale(raw: npt.NDArray[np.float32]) -> None:
+    """Normalized rows: codes rint(x / scale) in [-127, 127] (float64 quotient), every
+    scale float32(1/127), and codes / 127 within half a step (1/254) of the value."""
     vectors = unit_rows(raw)
     codes, scales = quantize_int8(vectors, normalized=True)
     assert codes.dtype == np.int8
     assert codes.shape == vectors.shape
-    np.testing.assert_array_equal(codes, np.rint(vectors.astype(np.float64) * 127))
+    scale = np.float64(np.float32(INT8_NORMALIZED_SCALE))
+    np.testing.assert_array_equal(codes, np.rint(vectors.astype(np.float64) / scale))
     assert np.all(np.abs(codes.astype(np.int32)) <= 127)
     assert np.all(scales == np.float32(INT8_NORMALIZED_SCALE))
     assert np.all(np.abs(codes / 127 - vectors) <= 0.5 / 127 + 1e-7)
@@ -251,12 +307,22 @@ def test_int8_zero_row_has_zero_codes_and_the_default_scale() -> None:
 
 
 def test_int8_rounds_half_to_even() -> None:
-    """Ties round to the even code, as numpy.rint and IEEE roundTiesToEven do."""
-    vectors = np.array([[0.5, -0.5, 1.5 / 127, 2.5 / 127]], np.float32)
-    codes, _ = quantize_int8(vectors, normalized=True)
-    expected = np.rint(vectors.astype(np.float64) * 127)
-    np.testing.assert_array_equal(codes, expected)
-    assert codes[0].tolist()[:2] == [64, -64]  # 63.5 and -63.5
+    """Ties of x / scale round to the even code, as numpy.rint and IEEE roundTiesToEven
+    do (a row whose largest magnitude is 127 has scale 1, so x / scale is x)."""
+    vectors = np.array([[127.0, 0.5, 1.5, 2.5, -0.5, -3.5]], np.float32)
+    codes, scales = quantize_int8(vectors, normalized=False)
+    assert scales.tolist() == [1.0]
+    assert codes[0].tolist() == [127, 0, 2, 2, 0, -4]
+
+
+def test_int8_uses_one_formula_for_normalized_rows() -> None:
+    """A normalized value codes as rint(x / float32(1/127)), the formula of every row, not
+    rint(x * 127): for 0.625984251499176 (float32) the two fall either side of 79.5."""
+    x = np.float32(0.625984251499176)
+    assert np.rint(np.float64(x) * 127) == 79
+    codes, scales = quantize_int8(np.array([[x, -x]], np.float32), normalized=True)
+    assert codes[0].tolist() == [80, -80]
+    assert scales[0] == np.float32(INT8_NORMALIZED_SCALE)
 
 
 @settings(max_examples=200, deadline=None)
@@ -286,7 +352,13 @@ def test_binary_encoding_of_a_known_row() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["result-float16", "result-int8-normalized", "result-int8-unnormalized", "result-binary"],
+    [
+        "result-float16",
+        "result-int8-normalized",
+        "result-int8-unnormalized",
+        "result-int8-normalized-near-tie",
+        "result-binary",
+    ],
 )
 def test_worker_reproduces_the_golden_result_vectors(name: str) -> None:
     """The worker encodes the source values named in each golden result's note to exactly
@@ -295,6 +367,13 @@ def test_worker_reproduces_the_golden_result_vectors(name: str) -> None:
         "result-float16": ([[0.5, -1.0, 0.25], [1.5, 0.0, -0.125]], False),
         "result-int8-normalized": ([[0.6, 0.8, 0.0], [0.0, -1.0, 0.0]], True),
         "result-int8-unnormalized": ([[3.0, -4.0, 1.0], [0.5, 0.25, -0.125]], False),
+        "result-int8-normalized-near-tie": (
+            [
+                [0.625984251499176, 0.7798357009887695, 0.0],
+                [-0.625984251499176, 0.0, 0.7798357009887695],
+            ],
+            True,
+        ),
         "result-binary": (
             [
                 [0.5, -1.0, 0.25, 0.0, -0.1, 0.3, 0.2, -0.4, 0.9, -0.2],

@@ -16,20 +16,32 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import (
+    InvalidTopicError,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
     NotEnoughReplicasError,
+    TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
+    UnknownTopicOrPartitionError,
 )
+from aiokafka.protocol.metadata import MetadataRequest
 
 from worker.kafka.security import check_access, diagnose_login, principal_of
 from worker.ports import KafkaAccessError, PublishError, TopicPartition
 
 __all__ = ["KafkaPublisher", "KafkaTransactionalPublisher"]
 
-# How long an unknown reply topic may take to appear before the result is dead-lettered.
+# How long one try waits for a reply topic's metadata (a broker's answer about a topic the
+# producer has not written yet). A try that runs out is transient: the caller retries it.
 _TOPIC_WAIT_S = 10.0
+# What a broker may say about a topic that no retry can change: it does not exist, its name
+# is not valid, or this principal may not use it.
+_PERMANENT_TOPIC_ERRORS = {
+    UnknownTopicOrPartitionError.errno: "does not exist",
+    InvalidTopicError.errno: "is not a valid topic name",
+    TopicAuthorizationFailedError.errno: "may not be written (no ACL allows it)",
+}
 # Retry back-off of the transactional producer. Right after a commit the coordinator is
 # still writing the previous transaction's markers and answers the next transaction's first
 # requests with CONCURRENT_TRANSACTIONS (NOT_ENOUGH_REPLICAS for produce requests of
@@ -236,11 +248,62 @@ class KafkaTransactionalPublisher(_Producer):
 
 
 async def _check_destination(producer: AIOKafkaProducer, topic: str, partition: int | None) -> None:
-    try:
-        partitions = await asyncio.wait_for(producer.partitions_for(topic), _TOPIC_WAIT_S)
-    except (TimeoutError, KafkaError) as exc:
-        raise PublishError(f"topic {topic!r} is not available: {exc!r}", retriable=False) from exc
+    """Raise PublishError unless ``topic`` (and ``partition`` of it, when given) can be
+    written.
+
+    Not retriable: the broker says the topic does not exist, has an invalid name or may not
+    be written by this principal, or the partition does not exist. Retriable: no broker
+    answered in time (restarting, unreachable) or the topic has no leader yet; a broker
+    restart looks like that for up to a minute, and the caller retries it."""
+    partitions = producer.client.cluster.partitions_for_topic(topic)
+    if partitions is None:
+        partitions = await _wait_for_topic(producer, topic)
     if partition is not None and partition not in partitions:
         raise PublishError(
             f"partition {partition} does not exist in topic {topic!r}", retriable=False
         )
+
+
+async def _wait_for_topic(producer: AIOKafkaProducer, topic: str) -> set[int]:
+    """The partitions of a topic the producer knows nothing of yet.
+
+    aiokafka's own wait (``partitions_for``) cannot tell a topic that does not exist from
+    a broker that does not answer: both end in a timeout. So a broker is asked first, and
+    only its answer makes the failure permanent."""
+    answered, error = await _topic_error(producer.client, topic)
+    if error in _PERMANENT_TOPIC_ERRORS:
+        raise PublishError(f"topic {topic!r} {_PERMANENT_TOPIC_ERRORS[error]}", retriable=False)
+    if not answered:
+        raise PublishError(
+            f"topic {topic!r} is not available: no broker answered a metadata request",
+            retriable=True,
+        )
+    try:
+        partitions: set[int] = await asyncio.wait_for(producer.partitions_for(topic), _TOPIC_WAIT_S)
+    except TopicAuthorizationFailedError as exc:
+        message = _PERMANENT_TOPIC_ERRORS[TopicAuthorizationFailedError.errno]
+        raise PublishError(f"topic {topic!r} {message}", retriable=False) from exc
+    except (TimeoutError, KafkaError) as exc:
+        raise PublishError(
+            f"topic {topic!r} is not available yet: {type(exc).__name__}", retriable=True
+        ) from exc
+    return partitions
+
+
+async def _topic_error(client: Any, topic: str) -> tuple[bool, int | None]:
+    """Ask one broker about ``topic``: whether it answered, and its error code for the topic
+    (0: it exists). Auto-creation is allowed, as in the producer's own metadata requests."""
+    node = client.get_random_node()
+    if node is None:
+        return False, None
+    try:
+        request = MetadataRequest([topic])
+        response = await asyncio.wait_for(client.send(node, request), _TOPIC_WAIT_S)
+    except (TimeoutError, KafkaError):
+        return False, None
+    if not response.brokers:  # a broker that does not know the cluster yet (just restarted)
+        return False, None
+    for entry in response.topics:  # (error_code, name, ...) in every version
+        if entry[1] == topic:
+            return True, int(entry[0])
+    return False, None
