@@ -587,6 +587,8 @@ class Pipeline:
         if len(batch.items) == 1:
             (item,) = batch.items
             job, record = item.job, item.job.record
+            if job.settled:  # answered meanwhile (its deadline passed)
+                return
             log.error(
                 "request.failed",
                 request_id=job.request.id,
@@ -600,8 +602,8 @@ class Pipeline:
             message = "inference failed" + (" (out of memory)" if oom else "")
             self._settle(job, ErrorInfo(ErrorCode.INTERNAL, message, item.index))
             return
-        # Inputs of requests answered meanwhile need no retry. The batch is in length order,
-        # so out of memory the shorter half passes first.
+        # Inputs of requests answered meanwhile need no retry. Halves in length order: out
+        # of memory, the shorter half is the likelier to fit, and it runs first.
         items = sorted((it for it in batch.items if not it.job.settled), key=lambda it: it.length)
         if len(items) <= 1:  # one input left: it failed in company, so it runs once alone
             self._retries.extend((batch.model, lane, [item]) for item in items)
