@@ -271,7 +271,9 @@ async def test_a_batch_out_of_memory_is_split_and_the_lane_budget_lowered(
     is split until the parts fit; every request gets vectors equal to the in-process
     model's, exactly once; the lane's token budget is lowered (metric and log event) and
     the worker keeps serving."""
-    worker = group.start_worker(max_batch_tokens=65536, max_batch_size=512)
+    # On the CPU, where the address space bounds what torch's allocator gets (device
+    # memory would not be).
+    worker = group.start_worker(device="cpu", max_batch_tokens=65536, max_batch_size=512)
     long_texts = _passages(300)
     # Warm-up under no limit: the tokenizer's thread and the encoder's threads start here.
     await group.send([EmbedRequest(id="warm-up", inputs=tuple(long_texts[:8]))])
