@@ -7,7 +7,9 @@ the next one would exceed ``max_batch_tokens`` or ``max_batch_size``. An input l
 the budget still forms a batch of its own: nothing can wait forever.
 
 The core (:class:`Batcher`) is pure and synchronous; the pipeline decides *when* to cut a
-batch (:meth:`Batcher.ready`) and runs the encoder.
+batch (:meth:`Batcher.ready`) and runs the encoder. :class:`TokenBudget` is the pure rule
+by which a batcher's ``max_batch_tokens`` shrinks after a batch runs out of memory and
+grows back.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-__all__ = ["BULK", "INTERACTIVE", "Batcher", "Item", "LaneScheduler"]
+__all__ = ["BULK", "INTERACTIVE", "Batcher", "Item", "LaneScheduler", "TokenBudget"]
 
 J = TypeVar("J")
 
@@ -270,3 +272,50 @@ class LaneScheduler(Generic[J]):
                 self._bulk_turn = (self.models.index(model) + 1) % count
                 return model
         raise AssertionError("no bulk-ready model")  # unreachable: ``ready`` is non-empty
+
+
+class TokenBudget:
+    """The effective ``max_batch_tokens`` of one batcher (a model's lane), which drops when
+    a batch runs out of memory and comes back after a quiet while.
+
+    Out of memory, the budget becomes half the smaller of itself and the failed batch's
+    padded tokens, never below ``floor`` (one input of the model's maximum length: smaller
+    batches would not fit such an input anyway, and an input above the budget still forms a
+    batch of its own). Once ``restore_after_s`` pass without another out-of-memory error, a
+    successful batch doubles it, step by step (one step per ``restore_after_s``), up to
+    ``ceiling`` (the configured budget). Memory may have been short for a while only (a
+    fragmented device, another process on it), so the worker probes its way back rather
+    than staying slow for good; each probe that fails costs one split batch.
+    """
+
+    def __init__(self, ceiling: int, floor: int, restore_after_s: float) -> None:
+        if ceiling < 1 or restore_after_s < 0:
+            raise ValueError("a token budget needs a positive ceiling and a non-negative delay")
+        self.ceiling = ceiling
+        self.floor = max(1, min(floor, ceiling))
+        self.restore_after_s = restore_after_s
+        self.tokens = ceiling
+        self._changed_at = float("-inf")
+
+    @property
+    def lowered(self) -> bool:
+        return self.tokens < self.ceiling
+
+    def out_of_memory(self, padded_tokens: int, now: float) -> bool:
+        """A batch of ``padded_tokens`` ran out of memory at ``now``: lower the budget, and
+        restart the quiet while. True when the budget changed."""
+        self._changed_at = now
+        target = max(self.floor, min(self.tokens, padded_tokens) // 2)
+        if target >= self.tokens:
+            return False
+        self.tokens = target
+        return True
+
+    def succeeded(self, now: float) -> bool:
+        """A batch ran at ``now``: raise a lowered budget one step when the quiet while is
+        over. True when the budget changed."""
+        if not self.lowered or now - self._changed_at < self.restore_after_s:
+            return False
+        self.tokens = min(self.ceiling, self.tokens * 2)
+        self._changed_at = now
+        return True

@@ -8,7 +8,10 @@ Three loops share one event loop:
 - batch: keeps the encoder thread busy with exactly one batch prepared ahead of it; a
   prepared bulk batch yields to interactive work that becomes ready meanwhile. torch
   releases the GIL, so fetches, heartbeats and publishes go on during inference. A
-  finished request is published by its own task;
+  finished request is published by its own task. A batch whose encoder call fails is split
+  in halves, retried ahead of new batches, until the failing input runs alone: only its
+  request is answered ``internal``. Out of memory also lowers that lane's token budget for
+  a while (see :class:`worker.batcher.TokenBudget`);
 - commit: the delivery strategy's loop (``worker.delivery``): at least once, it commits,
   per partition, up to the first record not yet answered (acknowledged by the broker), so a
   crash redelivers rather than loses; exactly once, it writes answers and offsets together
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,10 +35,10 @@ import numpy.typing as npt
 import structlog
 
 from schemas import EmbedRequest, ErrorCode, ErrorInfo
-from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler
+from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler, TokenBudget
 from worker.decode import Accepted, Limits, ModelLimits, Rejected, decode_record
 from worker.delivery import make_delivery
-from worker.encoder import Encoder, Prepared
+from worker.encoder import Encoder, EncoderOutOfMemoryError, Prepared
 from worker.observability.metrics import Metrics
 from worker.offsets import OffsetTracker
 from worker.ports import Publisher, Record, Source, TopicPartition, TransactionalPublisher
@@ -53,6 +57,9 @@ _INLINE_TOKENIZE_CHARS = 4096
 # Bulk texts tokenized per step (about 10-30 ms of one core).
 _BULK_TOKENIZE_TEXTS = 512
 _EXPIRED_QUEUED = "deadline passed while queued, before computation"
+# After a batch ran out of memory, its lane's token budget stays lowered this long before
+# each step back up (TokenBudget).
+_BUDGET_RESTORE_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +113,9 @@ class _Batch:
     items: list[Item[Job]]
     prepared: Prepared
     started: float = 0.0
+    retry: bool = False
+    """Half of a failed batch: it runs before new batches and is never preempted or
+    refilled, so that the failing input is isolated in a few steps."""
 
 
 class Pipeline:
@@ -135,6 +145,17 @@ class Pipeline:
             models=[model.name for model in models],
         )
         self._max_wait = settings.max_batch_wait_ms / 1000
+        # Halves of failed batches, waiting to run ahead of new batches.
+        self._retries: deque[tuple[ServedModel, str, list[Item[Job]]]] = deque()
+        self._budgets = {
+            (model.name, lane): TokenBudget(
+                settings.max_batch_tokens, model.encoder.info.max_seq_length, _BUDGET_RESTORE_S
+            )
+            for model in models
+            for lane in (INTERACTIVE, BULK)
+        }
+        for (name, lane), budget in self._budgets.items():
+            self._metrics.effective_batch_tokens.labels(name, lane).set(budget.tokens)
         self._tracker = OffsetTracker()
         self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._delivery = make_delivery(
@@ -386,7 +407,9 @@ class Pipeline:
         running: tuple[_Batch, asyncio.Future[npt.NDArray[np.float32]]] | None = None
         while True:
             now = time.monotonic()
-            if prepared and self._scheduler.preemptible(prepared.lane, now, self._max_wait):
+            if prepared and prepared.retry:
+                pass  # runs as it is, next
+            elif prepared and self._scheduler.preemptible(prepared.lane, now, self._max_wait):
                 self._scheduler.put_back(prepared.lane, prepared.items, prepared.model.name)
                 prepared = None
             elif prepared and self._refillable(prepared):
@@ -405,15 +428,22 @@ class Pipeline:
                 waits.append(running[1])
             self._work_waiting.clear()
             waits.append(asyncio.ensure_future(self._work_waiting.wait()))
-            wake = self._scheduler.wake_at(prepared.lane if prepared else None, self._max_wait)
+            if prepared is not None and prepared.retry:
+                wake = None  # it runs next whatever the clock says
+            else:
+                wake = self._scheduler.wake_at(prepared.lane if prepared else None, self._max_wait)
             timeout = None if wake is None else max(0.0, wake - now)
             await asyncio.wait(waits, timeout=timeout, return_when="FIRST_COMPLETED")
             waits[-1].cancel()
             if running is not None and running[1].done():
                 finished, running = running, None
+                failed = finished[1].exception() is not None
+                if failed:  # settle first: the prepared batch then skips what it answered
+                    self._finish(*finished)
                 if prepared is not None:  # keep the encoder busy: start, then scatter
                     running, prepared = self._start(prepared), None
-                self._finish(*finished)
+                if not failed:
+                    self._finish(*finished)
 
     def _start(
         self, batch: _Batch
@@ -423,7 +453,8 @@ class Pipeline:
         if not live:
             return None
         if len(live) < len(batch.items):
-            batch = _Batch(batch.model, batch.lane, live, self._prepare(batch.model, live))
+            prepared = self._prepare(batch.model, live)
+            batch = _Batch(batch.model, batch.lane, live, prepared, retry=batch.retry)
         batch.started = self._running_since = time.monotonic()
         self._observe_batch(batch)
         loop = asyncio.get_running_loop()
@@ -437,6 +468,8 @@ class Pipeline:
         m.batch_size.labels(lane).observe(len(batch.items))
         m.batch_padded_tokens.labels(lane).observe(padded)
         m.batch_padding_ratio.labels(lane).observe(1 - real / padded if padded else 0.0)
+        if batch.retry:
+            return  # its inputs' queue time was observed when they first ran
         queue = m.queue_seconds.labels(lane)
         for item in batch.items:
             queue.observe(batch.started - item.enqueued)
@@ -471,10 +504,15 @@ class Pipeline:
         return (
             len(lane) > 0
             and batch.prepared.rows * 2 <= self._settings.max_batch_size
-            and batch.prepared.padded_tokens * 2 <= self._settings.max_batch_tokens
+            and batch.prepared.padded_tokens * 2 <= lane.max_batch_tokens
         )
 
     def _cut(self, now: float) -> _Batch | None:
+        while self._retries:
+            model, lane, items = self._retries.popleft()
+            items = self._live(items)
+            if items:
+                return _Batch(model, lane, items, self._prepare(model, items), retry=True)
         while (chosen := self._scheduler.next_model_batch(now, self._max_wait)) is not None:
             name, lane, items = chosen
             items = self._live(items)
@@ -492,10 +530,18 @@ class Pipeline:
         self._metrics.inference_seconds.labels(batch.lane).observe(time.monotonic() - batch.started)
         error = future.exception()
         if error is not None:
-            log.error("batch.failed", inputs=len(batch.items), error=type(error).__name__)
-            for job in {item.job for item in batch.items}:
-                self._settle(job, ErrorInfo(ErrorCode.INTERNAL, "inference failed"))
+            self._failed(batch, error)
             return
+        budget = self._budgets[batch.model.name, batch.lane]
+        if budget.succeeded(time.monotonic()):
+            self._set_budget(batch, budget)
+            log.info(
+                "batch.budget_restored",
+                model=batch.model.name,
+                lane=batch.lane,
+                tokens=budget.tokens,
+                max_batch_tokens=budget.ceiling,
+            )
         log.debug(
             "batch.encoded",
             model=batch.model.name,
@@ -509,6 +555,76 @@ class Pipeline:
             job.remaining -= 1
             if job.remaining == 0:
                 self._settle(job)
+
+    def _failed(self, batch: _Batch, error: BaseException) -> None:
+        """The encoder raised on ``batch``: split it in halves to retry (ahead of new
+        batches), until the input at fault runs alone; only that input's request is then
+        answered ``internal``. Out of memory also lowers the lane's token budget."""
+        model, lane = batch.model.name, batch.lane
+        oom = isinstance(error, EncoderOutOfMemoryError | MemoryError)
+        reason = "out_of_memory" if oom else "error"
+        log.warning(
+            "batch.failed",
+            model=model,
+            lane=lane,
+            inputs=len(batch.items),
+            padded_tokens=batch.prepared.padded_tokens,
+            reason=reason,
+            error=type(error).__name__,
+        )
+        if oom:
+            budget = self._budgets[model, lane]
+            if budget.out_of_memory(batch.prepared.padded_tokens, time.monotonic()):
+                self._set_budget(batch, budget)
+                log.warning(
+                    "batch.budget_lowered",
+                    model=model,
+                    lane=lane,
+                    tokens=budget.tokens,
+                    max_batch_tokens=budget.ceiling,
+                    restore_after_s=budget.restore_after_s,
+                )
+        if len(batch.items) == 1:
+            (item,) = batch.items
+            job, record = item.job, item.job.record
+            if job.settled:  # answered meanwhile (its deadline passed)
+                return
+            log.error(
+                "request.failed",
+                request_id=job.request.id,
+                index=item.index,
+                reason=reason,
+                error=type(error).__name__,
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+            )
+            message = "inference failed" + (" (out of memory)" if oom else "")
+            self._settle(job, ErrorInfo(ErrorCode.INTERNAL, message, item.index))
+            return
+        # Inputs of requests answered meanwhile need no retry. Halves in length order: out
+        # of memory, the shorter half is the likelier to fit, and it runs first.
+        items = sorted((it for it in batch.items if not it.job.settled), key=lambda it: it.length)
+        if len(items) <= 1:  # one input left: it failed in company, so it runs once alone
+            self._retries.extend((batch.model, lane, [item]) for item in items)
+            return
+        half = (len(items) + 1) // 2
+        halves = [items[:half], items[half:]]
+        self._retries.extend((batch.model, lane, part) for part in halves)
+        self._metrics.batch_splits.labels(lane, reason).inc()
+        log.info(
+            "batch.split",
+            model=model,
+            lane=lane,
+            reason=reason,
+            inputs=len(items),
+            halves=[len(part) for part in halves],
+        )
+
+    def _set_budget(self, batch: _Batch, budget: TokenBudget) -> None:
+        model, lane = batch.model.name, batch.lane
+        self._scheduler.lane(lane, model).max_batch_tokens = budget.tokens
+        self._metrics.effective_batch_tokens.labels(model, lane).set(budget.tokens)
 
     def _settle(self, job: Job, error: ErrorInfo | None = None) -> None:
         """Publish a job's result (or ``error``) once, whatever happens to its other inputs."""

@@ -1,5 +1,5 @@
 """Encoders: the interface (``base``) and its torch implementation (imported lazily)."""
 
-from worker.encoder.base import Encoder, ModelInfo, Prepared
+from worker.encoder.base import Encoder, EncoderOutOfMemoryError, ModelInfo, Prepared
 
-__all__ = ["Encoder", "ModelInfo", "Prepared"]
+__all__ = ["Encoder", "EncoderOutOfMemoryError", "ModelInfo", "Prepared"]

@@ -10,7 +10,16 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Encoder", "ModelInfo", "Prepared"]
+__all__ = ["Encoder", "EncoderOutOfMemoryError", "ModelInfo", "Prepared"]
+
+
+class EncoderOutOfMemoryError(Exception):
+    """A batch did not fit in the device's memory: the same inputs in smaller batches may.
+
+    Encoders raise it in place of their framework's own error (torch's OutOfMemoryError, a
+    CPU allocation failure), so that the pipeline can tell "too big" from "broken" without
+    importing the framework.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,7 @@ class Encoder(Protocol):
         """Pooled, unnormalized float32 embeddings, one row per prepared sequence.
 
         Blocking and not thread-safe: the pipeline calls it from one dedicated thread.
+        Raises :class:`EncoderOutOfMemoryError` when the batch does not fit in memory.
         """
         ...
 

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModel
 from transformers.utils import logging as hf_logging
 
-from worker.encoder.base import ModelInfo, Prepared
+from worker.encoder.base import EncoderOutOfMemoryError, ModelInfo, Prepared
 from worker.encoder.pooling import POOLING_MODES, pool, read_pooling_mode
 from worker.encoder.quantize import memory_bytes, quantize_linear_layers
 
@@ -33,6 +33,9 @@ log = structlog.get_logger("kembed.encoder")
 # text took ~15 ms on two OpenMP threads (the sleeping second thread must be woken) and
 # ~10 ms on one; from ~16 texts up, two threads win. GPUs ignore this.
 _SINGLE_THREAD_TOKENS = 64
+
+# How torch's CPU allocator words a failed allocation (a plain RuntimeError).
+_CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -145,6 +148,20 @@ class TorchEncoder:
         return Prepared(ids, mask)
 
     def run(self, prepared: Prepared) -> npt.NDArray[np.float32]:
+        try:
+            return self._run(prepared)
+        except Exception as exc:
+            if not _out_of_memory(exc):
+                raise
+            if self._device.type == "cuda":
+                # Hand the failed attempt's cached blocks back, so that the smaller batches
+                # the pipeline retries with find them free.
+                torch.cuda.empty_cache()
+            raise EncoderOutOfMemoryError(
+                f"{prepared.rows} x {prepared.ids.shape[1]} tokens did not fit on {self._device}"
+            ) from exc
+
+    def _run(self, prepared: Prepared) -> npt.NDArray[np.float32]:
         self._use_threads(1 if prepared.padded_tokens <= _SINGLE_THREAD_TOKENS else self._threads)
         ids, mask = prepared.ids, prepared.mask
         rows = prepared.rows
@@ -155,7 +172,9 @@ class TorchEncoder:
         if self._compiled:
             try:
                 return self._forward_pooled(self._forward, ids, mask)[:rows]
-            except Exception as exc:  # noqa: BLE001 (any compiler failure: serve eagerly)
+            except Exception as exc:  # any compiler failure: serve eagerly
+                if _out_of_memory(exc):
+                    raise  # the batch is too big, not the compiler at fault
                 # inductor needs a C++ compiler and may meet an op it cannot lower; the
                 # eager model computes the same function, only slower.
                 log.warning("encoder.compile_failed", error=type(exc).__name__, fallback="eager")
@@ -185,6 +204,15 @@ class TorchEncoder:
         if threads != self._current_threads:
             torch.set_num_threads(threads)
             self._current_threads = threads
+
+
+def _out_of_memory(exc: Exception) -> bool:
+    """Whether ``exc`` says a batch did not fit: torch's OutOfMemoryError (CUDA and other
+    accelerators), a failed CPU allocation (a RuntimeError from torch's CPU allocator), or
+    Python's MemoryError."""
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and _CPU_ALLOCATION_FAILED in str(exc)
 
 
 def _compiled(model: torch.nn.Module) -> Any:

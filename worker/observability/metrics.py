@@ -99,6 +99,20 @@ class Metrics:
             buckets=_INFERENCE_BUCKETS,
             registry=r,
         )
+        self.batch_splits = Counter(
+            "kembed_batch_splits",
+            "Batches that failed and were split in two halves to retry, by lane and reason "
+            "(out_of_memory or error).",
+            ["lane", "reason"],
+            registry=r,
+        )
+        self.effective_batch_tokens = Gauge(
+            "kembed_effective_batch_tokens",
+            "Token budget batches are cut at now: max_batch_tokens, or less for a while "
+            "after a batch ran out of memory.",
+            ["model", "lane"],
+            registry=r,
+        )
         self.latency_seconds = Histogram(
             "kembed_request_latency_seconds",
             "End to end: from the request's produce timestamp to the broker's "
@@ -177,6 +191,8 @@ METRIC_NAMES = (
     "kembed_batch_padding_ratio",
     "kembed_queue_seconds",
     "kembed_inference_seconds",
+    "kembed_batch_splits_total",
+    "kembed_effective_batch_tokens",
     "kembed_request_latency_seconds",
     "kembed_inflight_inputs",
     "kembed_inflight_tokens",
