@@ -10,8 +10,9 @@ They differ in how answers and offsets are written:
   an answer and the next commit makes a restarted worker send that answer again.
 - ``ExactlyOnce``: answers are collected for a few milliseconds and written in one Kafka
   transaction together with the offsets they make committable; the transaction commits
-  both or neither. A ``read_committed`` reader of the result topics sees each answer once,
-  whatever crashes or rebalances happen.
+  both or neither, and carries only answers that its offsets cover (an answer above a
+  partition's first unanswered record waits for that record). A ``read_committed`` reader
+  of the result topics sees each answer once, whatever crashes or rebalances happen.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ SETTLE_S = 0.005
 class Delivery(Protocol):
     """Owns the offset tracker's bookkeeping: ``track`` marks a record in flight, and a
     record counts as answered once its answer is written (at least once) or is in the
-    transaction being committed (exactly once)."""
+    transaction being committed (exactly once; an answer held behind an unanswered record
+    of its partition is not answered yet)."""
 
     def track(self, record: Record) -> None:
         """``record`` was taken from Kafka and will be answered."""
@@ -246,12 +248,22 @@ class ExactlyOnce:
     A transaction is cut when the oldest waiting answer has waited ``interval_s``, or when
     ``max_answers`` wait; never while another one runs (answers arriving meanwhile wait for
     the next), nor within ``settle_s`` of the previous commit. Each transaction: begin;
-    send the waiting answers (results, error results and dead letters alike); mark their
-    records answered in the offset tracker; add the offsets that became committable
-    (``send_offsets``); wait until the broker has every message; commit. Any failure
-    aborts the transaction and fails the worker: its answers are then invisible to
+    send the answers its offsets will cover (results, error results and dead letters
+    alike); mark their records answered in the offset tracker; add the offsets that became
+    committable (``send_offsets``); wait until the broker has every message; commit. Any
+    failure aborts the transaction and fails the worker: its answers are then invisible to
     read_committed readers and its offsets uncommitted, so a restarted worker answers
     those records again, once.
+
+    Requests finish out of order (batches are cut by length), and a partition's offset can
+    only be committed up to its first unanswered record. An answer above that record is
+    therefore *held*: it joins no transaction until every record of its partition below it
+    is answered, since a committed answer whose offset is not committed would be answered
+    again by the partition's next owner. Held answers do not start transactions (only new
+    answers do: the one that fills a gap brings those behind it along); their records stay
+    in flight, and their ``answer`` calls return once they are committed. The record a held
+    answer waits for is in flight in this worker, so it is answered in time (or its
+    partition is revoked, and the held answers are dropped with it).
 
     Answers are committed only for records the worker still owns: an answer whose record's
     partition was revoked (or taken again since: a record fetched anew is another
@@ -288,7 +300,9 @@ class ExactlyOnce:
         self._max_answers = max_answers
         self._settle = settle_s
         self._ended = 0.0  # time.monotonic() when the last transaction ended
-        self._waiting: list[_Answer] = []
+        self._waiting: list[_Answer] = []  # arrived since the last transaction
+        # Claimed answers behind an unanswered record of their partition, by offset.
+        self._held: dict[TopicPartition, dict[int, _Answer]] = {}
         self._arrived = asyncio.Event()  # set when the first answer waits, or many do
         self._lock = asyncio.Lock()  # one transaction at a time
         self._live: dict[TopicPartition, dict[int, Record]] = {}  # tracked, not yet answered
@@ -382,37 +396,50 @@ class ExactlyOnce:
                 return
 
     async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
-        """Commit every waiting answer now (``partitions`` among them), in one transaction."""
+        """Commit now, in one transaction, every answer that its offsets can cover
+        (``partitions``' among them); answers behind an unanswered record stay held."""
         await self._transaction()
 
     def forget(self, partitions: Iterable[TopicPartition]) -> None:
+        """Drop revoked partitions, and the answers held in them: those records are above
+        the committed offset, so the partitions' next owner answers them."""
         partitions = list(partitions)
         self._tracker.forget(partitions)
+        held: list[_Answer] = []
         for tp in partitions:
             self._live.pop(tp, None)
             self._committed.pop(tp, None)
+            held.extend(self._held.pop(tp, {}).values())
+        if held:
+            self._drop(held, "revoked")
 
     async def _transaction(self) -> None:
         async with self._lock:
             if self._failed is not None:
                 raise TransactionError("an earlier transaction failed") from self._failed
             batch, self._waiting = self._waiting, []
-            live: list[_Answer] = []
             stale: list[_Answer] = []
             for answer in batch:
-                (live if self._claim(answer.record) else stale).append(answer)
+                record = answer.record
+                if self._claim(record):
+                    self._held.setdefault(record.tp, {})[record.offset] = answer
+                else:
+                    stale.append(answer)
             if stale:
                 # Their partitions moved (or were taken anew): not ours to answer, and not
                 # ours to mark answered either (a record fetched anew may have the offset).
                 self._drop(stale, "revoked")
-            if live and not self._source.in_group():
+            if self._held and not self._source.in_group():
                 # Expelled: the partitions are someone else's now, and so are these answers.
                 # They count as answered so that the revocation that follows does not wait
                 # for them; nothing is committed before that revocation forgets them.
-                for answer in live:
+                expelled = [answer for held in self._held.values() for answer in held.values()]
+                self._held.clear()
+                for answer in expelled:
                     self._tracker.done(answer.record.tp, answer.record.offset)
-                self._drop(live, "not_in_group")
+                self._drop(expelled, "not_in_group")
                 return
+            live = self._covered()
             if not live:
                 return
             offsets = await self._commit_answers(live)
@@ -424,6 +451,21 @@ class ExactlyOnce:
                     self._on_dead_letter(answer.message.code)
                 if not answer.done.done():
                     answer.done.set_result(True)
+
+    def _covered(self) -> list[_Answer]:
+        """Take the held answers the next transaction's offsets will cover: per partition,
+        those below its first record still unanswered (all of them if there is none), in
+        the order they arrived. The others stay held."""
+        covered: list[_Answer] = []
+        for tp in list(self._held):
+            held = self._held[tp]
+            gap = self._tracker.first_unanswered(tp, held)
+            for offset in [offset for offset in held if gap is None or offset < gap]:
+                covered.append(held.pop(offset))
+            if not held:
+                del self._held[tp]
+        covered.sort(key=lambda answer: answer.since)
+        return covered
 
     async def _commit_answers(self, live: list[_Answer]) -> dict[TopicPartition, int]:
         """Write ``live`` in one transaction; the offsets committed with them.
@@ -530,10 +572,12 @@ class ExactlyOnce:
             answers=len(live),
             partitions=_names({answer.record.tp for answer in live}),
         )
-        for answer in [*live, *self._waiting]:
+        held = [answer for answers in self._held.values() for answer in answers.values()]
+        for answer in [*live, *self._waiting, *held]:
             if not answer.done.done():
                 answer.done.set_result(False)
         self._waiting.clear()
+        self._held.clear()
         self._on_fatal(TransactionError(f"transaction failed: {type(error).__name__}"))
 
     def _claim(self, record: Record) -> bool:
