@@ -7,7 +7,10 @@ They differ in how answers and offsets are written:
 
 - ``AtLeastOnce``: each answer is published on its own and acknowledged by the broker; a
   commit loop commits, per partition, up to the first unanswered record. A crash between
-  an answer and the next commit makes a restarted worker send that answer again.
+  an answer and the next commit makes a restarted worker send that answer again. A commit
+  refused because of a rebalance is left to the next one; one that cannot pass (an ACL
+  revoked, a fenced group instance: ``commit_error_is_fatal``), or rebalance failures
+  that outlast any rebalance, fail the worker.
 - ``ExactlyOnce``: answers are collected for a few milliseconds and written in one Kafka
   transaction together with the offsets they make committable; the transaction commits
   both or neither, and carries only answers that its offsets cover (an answer above a
@@ -20,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 
 from schemas.headers import CORRELATION_ID
+from worker.kafka.commit_errors import FatalCommitError, commit_error_hint, commit_error_is_fatal
 from worker.offsets import OffsetTracker
 from worker.ports import (
     Publisher,
@@ -135,6 +139,10 @@ def make_delivery(
         retry_for_s=retry_for_s,
         on_retry=on_retry,
         on_dead_letter=on_dead_letter,
+        # A rebalance ends within the rebalance timeout (max_poll_interval_ms); commits
+        # failing "because of a rebalance" for longer than that and a session mean the
+        # worker does not get back in (e.g. a twin keeps fencing its group instance id).
+        give_up_after_s=(settings.max_poll_interval_ms + settings.session_timeout_ms) / 1000,
     )
 
 
@@ -142,7 +150,15 @@ def make_delivery(
 
 
 class AtLeastOnce:
-    """Answers published one by one; the consumer commits up to the first unanswered record."""
+    """Answers published one by one; the consumer commits up to the first unanswered record.
+
+    A commit that fails because of a rebalance (the consumer rejoins by itself) is logged
+    and left to the next one. Any other commit failure would repeat forever while offsets
+    never move (an ACL revoked, a fenced group instance), and so would rebalance failures
+    that go on for longer than ``give_up_after_s`` (a rebalance ends within the rebalance
+    timeout): either is reported to ``on_fatal`` as a ``FatalCommitError`` (the worker logs
+    it once, reports itself unhealthy and exits non-zero, and its partitions move), and
+    nothing more is committed."""
 
     def __init__(
         self,
@@ -157,6 +173,7 @@ class AtLeastOnce:
         retry_for_s: float = 300.0,
         on_retry: Callable[[], None] = lambda: None,
         on_dead_letter: Callable[[str], None] = lambda code: None,
+        give_up_after_s: float = float("inf"),
     ) -> None:
         self._replier = Replier(
             publisher,
@@ -170,6 +187,10 @@ class AtLeastOnce:
         self._source = source
         self._tracker = tracker
         self._interval = commit_interval_s
+        self._on_fatal = on_fatal
+        self._give_up_after = give_up_after_s
+        self._failing_since: float | None = None  # time.monotonic() of the first failure
+        self._failed: BaseException | None = None
         self._committed: dict[TopicPartition, int] = {}
 
     def track(self, record: Record) -> None:
@@ -188,11 +209,14 @@ class AtLeastOnce:
         return False
 
     async def run(self) -> None:
-        while True:
+        """Commit every interval until cancelled, or until a commit fails for good."""
+        while self._failed is None:
             await asyncio.sleep(self._interval)
             await self.commit()
 
     async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
+        if self._failed is not None:
+            return
         owned = self._source.assignment() if partitions is None else partitions
         offsets = {
             tp: offset
@@ -204,10 +228,38 @@ class AtLeastOnce:
             return
         try:
             await self._source.commit(offsets)
-        except Exception as exc:  # noqa: BLE001 (a rebalance in progress: the next commit catches up)
-            log.warning("commit.failed", error=type(exc).__name__, partitions=_names(offsets))
+        except Exception as exc:  # noqa: BLE001 (a rebalance passes; anything else is fatal)
+            self._commit_failed(exc, offsets)
             return
+        self._failing_since = None
         self._committed.update(offsets)
+
+    def _commit_failed(self, exc: Exception, offsets: Mapping[TopicPartition, int]) -> None:
+        now = time.monotonic()
+        since = self._failing_since = self._failing_since or now
+        if commit_error_is_fatal(exc):
+            fatal = FatalCommitError.of(exc)
+        elif now - since > self._give_up_after:
+            fatal = FatalCommitError(
+                "commit",
+                f"offset commits have failed for {now - since:.0f} s, longer than a rebalance "
+                f"may take (last: {commit_error_hint(exc)}): the worker does not get back "
+                "into its group",
+                type(exc).__name__,
+            )
+        else:
+            log.warning(
+                "commit.failed",
+                error=type(exc).__name__,
+                reason=commit_error_hint(exc),
+                partitions=_names(offsets),
+            )
+            return
+        # Logged once, by the worker as it stops (kafka.authorization_failed or
+        # kafka.commit_failed); /health fails from now on.
+        fatal.__cause__ = exc
+        self._failed = fatal
+        self._on_fatal(fatal)
 
     def forget(self, partitions: Iterable[TopicPartition]) -> None:
         self._tracker.forget(partitions)

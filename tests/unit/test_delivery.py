@@ -11,11 +11,16 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import pytest
+import structlog
+from aiokafka import errors as kafka_errors
+from aiokafka.errors import CommitFailedError
 
 from schemas.headers import CORRELATION_ID, DLQ_ERROR_CODE, DLQ_ERROR_MESSAGE
 from worker.delivery import AtLeastOnce, ExactlyOnce, TransactionError, make_delivery
+from worker.kafka.commit_errors import FatalCommitError
+from worker.observability.probes import Probes
 from worker.offsets import OffsetTracker
-from worker.ports import PublishError, Record, TopicPartition
+from worker.ports import KafkaAccessError, PublishError, Record, TopicPartition
 from worker.replies import ReplyTo
 from worker.settings import WorkerSettings
 
@@ -105,7 +110,8 @@ class FakeSource:
         self.member = True
         self.owned: set[TopicPartition] = {TP, OTHER}
         self.commits: list[dict[TopicPartition, int]] = []
-        self.fail_commit = False
+        self.attempts = 0
+        self.commit_error: Exception | None = None  # raised by commit() while set
 
     async def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
         return []
@@ -120,8 +126,9 @@ class FakeSource:
         pass
 
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        if self.fail_commit:
-            raise RuntimeError("rebalance in progress")
+        self.attempts += 1
+        if self.commit_error is not None:
+            raise self.commit_error
         self.commits.append(dict(offsets))
 
     def lag(self) -> dict[TopicPartition, int]:
@@ -730,8 +737,167 @@ async def test_at_least_once_commits_acknowledged_answers_through_the_consumer()
     await delivery.commit()
     assert source.commits == [{TP: 1}], "unchanged offsets are not committed again"
     assert await delivery.answer(records[1], ReplyTo("b", None, None), b"v")
-    source.fail_commit = True
+    source.commit_error = CommitFailedError()  # a rebalance: aiokafka rejoins by itself
     await delivery.commit()
-    source.fail_commit = False
+    source.commit_error = None
     await delivery.commit({TP})
     assert source.commits == [{TP: 1}, {TP: 3}]
+
+
+class PlainPublisher:
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        pass
+
+
+def at_least_once(source: FakeSource, fatal: list[BaseException]) -> AtLeastOnce:
+    return AtLeastOnce(
+        PlainPublisher(),
+        source,
+        OffsetTracker(),
+        results_topic="embed.results",
+        dlq_topic="embed.requests.dlq",
+        commit_interval_s=0.01,
+        on_fatal=fatal.append,
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (kafka_errors.GroupAuthorizationFailedError("kembed-workers"), "authorization"),
+        (kafka_errors.TopicAuthorizationFailedError({"embed.requests"}), "authorization"),
+        (kafka_errors.UnknownError(), "commit"),  # how aiokafka 0.14 reports FENCED_INSTANCE_ID
+    ],
+    ids=["group-acl-revoked", "topic-acl-revoked", "fenced-instance"],
+)
+async def test_a_commit_that_cannot_pass_fails_the_worker_once(error: Exception, kind: str) -> None:
+    """At least once: a commit refused for good (an ACL revoked, a fenced instance) is
+    reported to on_fatal once, as a FatalCommitError (a KafkaAccessError: the worker logs
+    it as kafka.<kind>_failed and exits 1), without a warning of its own, and the commit
+    loop ends instead of trying again every interval while offsets never move."""
+    fatal: list[BaseException] = []
+    source = FakeSource()
+    delivery = at_least_once(source, fatal)
+    record = Record(TP[0], TP[1], 0, b"")
+    delivery.track(record)
+    assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
+    source.commit_error = error
+    with structlog.testing.capture_logs() as logs:
+        await asyncio.wait_for(delivery.run(), 5)  # returns: the loop ends
+        await delivery.commit()  # and so does any later commit (shutdown, revocation)
+    [failure] = fatal
+    assert isinstance(failure, FatalCommitError)
+    assert isinstance(failure, KafkaAccessError)
+    assert failure.kind == kind
+    assert failure.error == type(error).__name__
+    assert failure.reason.startswith(type(error).__name__)
+    assert failure.__cause__ is error
+    assert source.attempts == 1
+    assert source.commits == []
+    assert [entry for entry in logs if entry["event"] == "commit.failed"] == []
+
+
+async def test_rebalance_failures_that_outlast_a_rebalance_fail_the_worker() -> None:
+    """Commits that keep failing "because of a rebalance" for longer than any rebalance
+    takes (give_up_after_s: max_poll_interval_ms + session_timeout_ms) mean the worker
+    never gets back into its group: a FatalCommitError (kind "commit")."""
+    fatal: list[BaseException] = []
+    source = FakeSource()
+    delivery = AtLeastOnce(
+        PlainPublisher(),
+        source,
+        OffsetTracker(),
+        results_topic="embed.results",
+        dlq_topic="embed.requests.dlq",
+        commit_interval_s=0.01,
+        on_fatal=fatal.append,
+        give_up_after_s=0.2,
+    )
+    record = Record(TP[0], TP[1], 0, b"")
+    delivery.track(record)
+    assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
+    source.commit_error = CommitFailedError()
+    await delivery.commit()
+    assert fatal == []
+    await asyncio.wait_for(delivery.run(), 5)
+    [failure] = fatal
+    assert isinstance(failure, FatalCommitError)
+    assert failure.kind == "commit"
+    assert "longer than a rebalance may take" in failure.reason
+    assert source.attempts > 2
+
+
+async def test_a_commit_refused_by_a_rebalance_is_retried_by_the_next_one() -> None:
+    """A commit that fails because the group rebalances (aiokafka's CommitFailedError,
+    a rebalance in progress) is a warning; the commit loop goes on and a later commit
+    moves the offsets."""
+    fatal: list[BaseException] = []
+    source = FakeSource()
+    delivery = at_least_once(source, fatal)
+    record = Record(TP[0], TP[1], 0, b"")
+    delivery.track(record)
+    assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
+    source.commit_error = CommitFailedError()
+    loop = asyncio.create_task(delivery.run())
+    try:
+        with structlog.testing.capture_logs() as logs:
+            await asyncio.sleep(0.1)
+            assert source.attempts >= 2, "the loop went on after a failed commit"
+            assert not loop.done()
+            source.commit_error = None
+            await asyncio.sleep(0.1)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert source.commits == [{TP: 1}]
+    assert fatal == []
+    failures = [entry for entry in logs if entry["event"] == "commit.failed"]
+    assert failures
+    assert {entry["log_level"] for entry in failures} == {"warning"}
+
+
+async def test_a_fatal_commit_makes_the_worker_unhealthy() -> None:
+    """/health fails once the pipeline holds the failure that on_fatal reported, naming
+    the error (the worker then exits; an orchestrator restarts it)."""
+    failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    class View:
+        def assigned_partitions(self) -> set[tuple[str, int]]:
+            return {TP}
+
+        def busy_seconds(self) -> float | None:
+            return None
+
+        def failure(self) -> BaseException | None:
+            return failure.exception() if failure.done() else None
+
+    probes = Probes(stuck_batch_s=60.0, phase="serving")
+    probes.pipeline = View()
+    source = FakeSource()
+    delivery = AtLeastOnce(
+        PlainPublisher(),
+        source,
+        OffsetTracker(),
+        results_topic="embed.results",
+        dlq_topic="embed.requests.dlq",
+        commit_interval_s=0.01,
+        on_fatal=failure.set_exception,
+    )
+    record = Record(TP[0], TP[1], 0, b"")
+    delivery.track(record)
+    assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
+    assert probes.health_response()[0] == 200
+    source.commit_error = kafka_errors.GroupAuthorizationFailedError("kembed-workers")
+    await delivery.commit()
+    status, _, body = probes.health_response()
+    assert status == 503
+    assert b"worker failed: FatalCommitError" in body
+    failure.exception()  # retrieved
