@@ -901,3 +901,28 @@ async def test_a_fatal_commit_makes_the_worker_unhealthy() -> None:
     assert status == 503
     assert b"worker failed: FatalCommitError" in body
     failure.exception()  # retrieved
+
+
+async def test_exactly_once_offsets_refused_for_good_fail_the_worker_once() -> None:
+    """Exactly once commits offsets inside the transaction (send_offsets), not through the
+    consumer: a group right revoked there aborts the transaction and fails the worker at
+    once, like at least once's refused commit (one transaction.failed error naming the
+    step, on_fatal once; the worker exits 1 and its restart resumes from the last commit)."""
+    h = Harness()
+
+    async def refused(offsets: Mapping[TopicPartition, int], group_id: str) -> None:
+        raise kafka_errors.GroupAuthorizationFailedError(group_id)
+
+    h.producer.send_offsets = refused  # type: ignore[method-assign]
+    call = h.answer(h.record(0))
+    await settle()
+    with structlog.testing.capture_logs() as logs, pytest.raises(TransactionError):
+        await h.delivery.commit()
+    assert await call is False
+    assert h.producer.transactions() == []
+    assert [event[0] for event in h.producer.events].count("begin") == 1, "not retried"
+    [failure] = h.fatal
+    assert isinstance(failure, TransactionError)
+    [failed] = [entry for entry in logs if entry["event"] == "transaction.failed"]
+    assert failed["log_level"] == "error"
+    assert (failed["phase"], failed["error"]) == ("send_offsets", "GroupAuthorizationFailedError")
