@@ -491,7 +491,7 @@ class ExactlyOnce:
                     self._tracker.done(answer.record.tp, answer.record.offset)
                 self._drop(expelled, "not_in_group")
                 return
-            live = self._covered()
+            live = self._covered({answer.record.tp for answer in batch})
             if not live:
                 return
             offsets = await self._commit_answers(live)
@@ -504,12 +504,14 @@ class ExactlyOnce:
                 if not answer.done.done():
                     answer.done.set_result(True)
 
-    def _covered(self) -> list[_Answer]:
+    def _covered(self, arrived: set[TopicPartition]) -> list[_Answer]:
         """Take the held answers the next transaction's offsets will cover: per partition,
         those below its first record still unanswered (all of them if there is none), in
-        the order they arrived. The others stay held."""
+        the order they arrived. The others stay held. Only partitions in ``arrived`` (where
+        answers arrived since the last transaction) are looked at: elsewhere that first
+        record is still unanswered."""
         covered: list[_Answer] = []
-        for tp in list(self._held):
+        for tp in arrived & self._held.keys():
             held = self._held[tp]
             gap = self._tracker.first_unanswered(tp, held)
             for offset in [offset for offset in held if gap is None or offset < gap]:
