@@ -1,4 +1,4 @@
-"""Create and list Kafka ACLs from Python, for the local broker's secured mode.
+"""Create, list and delete Kafka ACLs from Python, for the local broker's secured mode.
 
 aiokafka 0.14's admin client has no ACL methods, and the CreateAcls/DescribeAcls request
 versions it ships (v0-v1) were removed from Kafka 4.0 (KIP-896). The v2 requests (the first
@@ -6,7 +6,8 @@ versions it ships (v0-v1) were removed from Kafka 4.0 (KIP-896). The v2 requests
 aiokafka's protocol types and sent over an authenticated ``AIOKafkaClient``: no JVM start
 per grant, and no extra jar in the broker's cache.
 
-Wire layouts follow Kafka's ``CreateAclsRequest.json`` / ``DescribeAclsRequest.json``.
+Wire layouts follow Kafka's ``CreateAclsRequest.json`` / ``DescribeAclsRequest.json`` /
+``DeleteAclsRequest.json``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "AclBinding",
     "AclError",
     "create_acls_async",
+    "delete_acls_async",
     "describe_acls_async",
 ]
 
@@ -208,6 +210,75 @@ class _DescribeAllAclsRequest(Request[_DescribeAclsRequestV2]):  # type: ignore[
         return request_struct_class(_ANY, None, _ANY, None, None, _ANY, _ANY, {})
 
 
+# -- DeleteAcls v2 (API key 31) ------------------------------------------------------------------
+
+
+class _DeleteAclsResponseV2(Response):  # type: ignore[misc]
+    API_KEY = 31
+    API_VERSION = 2
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "filter_results",
+            CompactArray(
+                ("error_code", Int16),
+                ("error_message", CompactString("utf-8")),
+                (
+                    "matching_acls",
+                    CompactArray(
+                        ("error_code", Int16),
+                        ("error_message", CompactString("utf-8")),
+                        ("resource_type", Int8),
+                        ("resource_name", CompactString("utf-8")),
+                        ("pattern_type", Int8),
+                        ("principal", CompactString("utf-8")),
+                        ("host", CompactString("utf-8")),
+                        ("operation", Int8),
+                        ("permission_type", Int8),
+                        ("tags", TaggedFields),
+                    ),
+                ),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("tags", TaggedFields),
+    )
+
+
+class _DeleteAclsRequestV2(RequestStruct):  # type: ignore[misc]
+    FLEXIBLE_VERSION = True
+    API_KEY = 31
+    API_VERSION = 2
+    RESPONSE_TYPE = _DeleteAclsResponseV2
+    SCHEMA = Schema(
+        (
+            "filters",
+            CompactArray(
+                ("resource_type_filter", Int8),
+                ("resource_name_filter", CompactString("utf-8")),
+                ("pattern_type_filter", Int8),
+                ("principal_filter", CompactString("utf-8")),
+                ("host_filter", CompactString("utf-8")),
+                ("operation", Int8),
+                ("permission_type", Int8),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("tags", TaggedFields),
+    )
+
+
+class _DeleteAclsRequest(Request[_DeleteAclsRequestV2]):  # type: ignore[misc]
+    API_KEY = 31
+
+    def __init__(self, bindings: Sequence[AclBinding]) -> None:
+        self._bindings = bindings
+
+    def build(self, request_struct_class: type[_DeleteAclsRequestV2]) -> _DeleteAclsRequestV2:
+        # A filter with every field given matches exactly its binding.
+        return request_struct_class([b.wire() for b in self._bindings], {})
+
+
 # -- calls ---------------------------------------------------------------------------------------
 
 
@@ -267,5 +338,28 @@ async def create_acls_async(
     wanted = set(bindings)
     while True:
         if wanted <= await describe_acls_async(bootstrap_servers, client_config):
+            return
+        await asyncio.sleep(0.05)
+
+
+async def delete_acls_async(
+    bootstrap_servers: str, client_config: Mapping[str, Any], bindings: Sequence[AclBinding]
+) -> None:
+    """Delete ``bindings`` and wait until the broker no longer enforces them (as for
+    ``create_acls_async``, the broker's authorizer may apply the change a moment after the
+    controller committed it). No deadline of its own: callers bound it."""
+    if not bindings:
+        return
+    response = await _send(bootstrap_servers, client_config, _DeleteAclsRequest(bindings))
+    failures = [
+        f"{binding}: {kafka_errors.for_code(code).__name__} {message or ''}".strip()
+        for binding, (code, message, _, _) in zip(bindings, response.filter_results, strict=True)
+        if code
+    ]
+    if failures:
+        raise AclError("deleting ACLs failed:\n" + "\n".join(failures))
+    gone = set(bindings)
+    while True:
+        if not gone & await describe_acls_async(bootstrap_servers, client_config):
             return
         await asyncio.sleep(0.05)

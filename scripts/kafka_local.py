@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 from aiokafka import errors as kafka_errors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from scripts.kafka_acls import OPERATIONS, AclBinding, create_acls_async
+from scripts.kafka_acls import OPERATIONS, AclBinding, create_acls_async, delete_acls_async
 
 KAFKA_VERSION = "4.1.1"
 DEFAULT_HEAP = "512m"
@@ -829,6 +829,43 @@ class LocalKafka:
         async def bounded() -> None:
             async with asyncio.timeout(timeout):
                 await create_acls_async(self.bootstrap_servers, admin, bindings)
+
+        run_sync(bounded)
+
+    def revoke(
+        self,
+        principal: str,
+        operations: Sequence[str],
+        *,
+        topic: str | None = None,
+        group: str | None = None,
+        prefixed: bool = False,
+        timeout: float = 30,
+    ) -> None:
+        """Remove what ``grant()`` with the same arguments allowed, and return once the
+        broker no longer allows it (a right revoked from a running client). Secured mode
+        only."""
+        if not self.secured or not self.running:
+            raise RuntimeError("LocalKafka.revoke() needs a started broker with scram_users")
+        if (topic is None) == (group is None):
+            raise ValueError("revoke() takes exactly one of topic= or group=")
+        resource_type, name = ("topic", topic) if topic is not None else ("group", group)
+        assert name is not None
+        bindings = [
+            AclBinding(
+                principal if ":" in principal else f"User:{principal}",
+                resource_type,
+                name,
+                operation.lower(),
+                "prefixed" if prefixed else "literal",
+            )
+            for operation in operations
+        ]
+        admin = self.client_config()
+
+        async def bounded() -> None:
+            async with asyncio.timeout(timeout):
+                await delete_acls_async(self.bootstrap_servers, admin, bindings)
 
         run_sync(bounded)
 

@@ -7,11 +7,15 @@ They differ in how answers and offsets are written:
 
 - ``AtLeastOnce``: each answer is published on its own and acknowledged by the broker; a
   commit loop commits, per partition, up to the first unanswered record. A crash between
-  an answer and the next commit makes a restarted worker send that answer again.
+  an answer and the next commit makes a restarted worker send that answer again. A commit
+  refused because of a rebalance is left to the next one; one that cannot pass (an ACL
+  revoked, a fenced group instance: ``commit_error_is_fatal``), or rebalance failures
+  that outlast any rebalance, fail the worker.
 - ``ExactlyOnce``: answers are collected for a few milliseconds and written in one Kafka
   transaction together with the offsets they make committable; the transaction commits
-  both or neither. A ``read_committed`` reader of the result topics sees each answer once,
-  whatever crashes or rebalances happen.
+  both or neither, and carries only answers that its offsets cover (an answer above a
+  partition's first unanswered record waits for that record). A ``read_committed`` reader
+  of the result topics sees each answer once, whatever crashes or rebalances happen.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 
 from schemas.headers import CORRELATION_ID
+from worker.kafka.commit_errors import FatalCommitError, commit_error_hint, commit_error_is_fatal
 from worker.offsets import OffsetTracker
 from worker.ports import (
     Publisher,
@@ -58,7 +63,8 @@ SETTLE_S = 0.005
 class Delivery(Protocol):
     """Owns the offset tracker's bookkeeping: ``track`` marks a record in flight, and a
     record counts as answered once its answer is written (at least once) or is in the
-    transaction being committed (exactly once)."""
+    transaction being committed (exactly once; an answer held behind an unanswered record
+    of its partition is not answered yet)."""
 
     def track(self, record: Record) -> None:
         """``record`` was taken from Kafka and will be answered."""
@@ -136,6 +142,10 @@ def make_delivery(
         retry_for_s=retry_for_s,
         on_retry=on_retry,
         on_dead_letter=on_dead_letter,
+        # A rebalance ends within the rebalance timeout (max_poll_interval_ms); commits
+        # failing "because of a rebalance" for longer than that and a session mean the
+        # worker does not get back in (e.g. a twin keeps fencing its group instance id).
+        give_up_after_s=(settings.max_poll_interval_ms + settings.session_timeout_ms) / 1000,
     )
 
 
@@ -143,7 +153,15 @@ def make_delivery(
 
 
 class AtLeastOnce:
-    """Answers published one by one; the consumer commits up to the first unanswered record."""
+    """Answers published one by one; the consumer commits up to the first unanswered record.
+
+    A commit that fails because of a rebalance (the consumer rejoins by itself) is logged
+    and left to the next one. Any other commit failure would repeat forever while offsets
+    never move (an ACL revoked, a fenced group instance), and so would rebalance failures
+    that go on for longer than ``give_up_after_s`` (a rebalance ends within the rebalance
+    timeout): either is reported to ``on_fatal`` as a ``FatalCommitError`` (the worker logs
+    it once, reports itself unhealthy and exits non-zero, and its partitions move), and
+    nothing more is committed."""
 
     def __init__(
         self,
@@ -158,6 +176,7 @@ class AtLeastOnce:
         retry_for_s: float = 300.0,
         on_retry: Callable[[], None] = lambda: None,
         on_dead_letter: Callable[[str], None] = lambda code: None,
+        give_up_after_s: float = float("inf"),
     ) -> None:
         self._replier = Replier(
             publisher,
@@ -171,6 +190,10 @@ class AtLeastOnce:
         self._source = source
         self._tracker = tracker
         self._interval = commit_interval_s
+        self._on_fatal = on_fatal
+        self._give_up_after = give_up_after_s
+        self._failing_since: float | None = None  # time.monotonic() of the first failure
+        self._failed: BaseException | None = None
         self._committed: dict[TopicPartition, int] = {}
 
     def track(self, record: Record) -> None:
@@ -189,11 +212,14 @@ class AtLeastOnce:
         return False
 
     async def run(self) -> None:
-        while True:
+        """Commit every interval until cancelled, or until a commit fails for good."""
+        while self._failed is None:
             await asyncio.sleep(self._interval)
             await self.commit()
 
     async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
+        if self._failed is not None:
+            return
         owned = self._source.assignment() if partitions is None else partitions
         offsets = {
             tp: offset
@@ -205,10 +231,38 @@ class AtLeastOnce:
             return
         try:
             await self._source.commit(offsets)
-        except Exception as exc:  # noqa: BLE001 (a rebalance in progress: the next commit catches up)
-            log.warning("commit.failed", error=type(exc).__name__, partitions=_names(offsets))
+        except Exception as exc:  # noqa: BLE001 (a rebalance passes; anything else is fatal)
+            self._commit_failed(exc, offsets)
             return
+        self._failing_since = None
         self._committed.update(offsets)
+
+    def _commit_failed(self, exc: Exception, offsets: Mapping[TopicPartition, int]) -> None:
+        now = time.monotonic()
+        since = self._failing_since = self._failing_since or now
+        if commit_error_is_fatal(exc):
+            fatal = FatalCommitError.of(exc)
+        elif now - since > self._give_up_after:
+            fatal = FatalCommitError(
+                "commit",
+                f"offset commits have failed for {now - since:.0f} s, longer than a rebalance "
+                f"may take (last: {commit_error_hint(exc)}): the worker does not get back "
+                "into its group",
+                type(exc).__name__,
+            )
+        else:
+            log.warning(
+                "commit.failed",
+                error=type(exc).__name__,
+                reason=commit_error_hint(exc),
+                partitions=_names(offsets),
+            )
+            return
+        # Logged once, by the worker as it stops (kafka.authorization_failed or
+        # kafka.commit_failed); /health fails from now on.
+        fatal.__cause__ = exc
+        self._failed = fatal
+        self._on_fatal(fatal)
 
     def forget(self, partitions: Iterable[TopicPartition]) -> None:
         self._tracker.forget(partitions)
@@ -249,12 +303,22 @@ class ExactlyOnce:
     A transaction is cut when the oldest waiting answer has waited ``interval_s``, or when
     ``max_answers`` wait; never while another one runs (answers arriving meanwhile wait for
     the next), nor within ``settle_s`` of the previous commit. Each transaction: begin;
-    send the waiting answers (results, error results and dead letters alike); mark their
-    records answered in the offset tracker; add the offsets that became committable
-    (``send_offsets``); wait until the broker has every message; commit. Any failure
-    aborts the transaction and fails the worker: its answers are then invisible to
+    send the answers its offsets will cover (results, error results and dead letters
+    alike); mark their records answered in the offset tracker; add the offsets that became
+    committable (``send_offsets``); wait until the broker has every message; commit. Any
+    failure aborts the transaction and fails the worker: its answers are then invisible to
     read_committed readers and its offsets uncommitted, so a restarted worker answers
     those records again, once.
+
+    Requests finish out of order (batches are cut by length), and a partition's offset can
+    only be committed up to its first unanswered record. An answer above that record is
+    therefore *held*: it joins no transaction until every record of its partition below it
+    is answered, since a committed answer whose offset is not committed would be answered
+    again by the partition's next owner. Held answers do not start transactions (only new
+    answers do: the one that fills a gap brings those behind it along); their records stay
+    in flight, and their ``answer`` calls return once they are committed. The record a held
+    answer waits for is in flight in this worker, so it is answered in time (or its
+    partition is revoked, and the held answers are dropped with it).
 
     Answers are committed only for records the worker still owns: an answer whose record's
     partition was revoked (or taken again since: a record fetched anew is another
@@ -295,7 +359,9 @@ class ExactlyOnce:
         self._max_answers = max_answers
         self._settle = settle_s
         self._ended = 0.0  # time.monotonic() when the last transaction ended
-        self._waiting: list[_Answer] = []
+        self._waiting: list[_Answer] = []  # arrived since the last transaction
+        # Claimed answers behind an unanswered record of their partition, by offset.
+        self._held: dict[TopicPartition, dict[int, _Answer]] = {}
         self._arrived = asyncio.Event()  # set when the first answer waits, or many do
         self._lock = asyncio.Lock()  # one transaction at a time
         self._live: dict[TopicPartition, dict[int, Record]] = {}  # tracked, not yet answered
@@ -402,37 +468,50 @@ class ExactlyOnce:
                 return
 
     async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
-        """Commit every waiting answer now (``partitions`` among them), in one transaction."""
+        """Commit now, in one transaction, every answer that its offsets can cover
+        (``partitions``' among them); answers behind an unanswered record stay held."""
         await self._transaction()
 
     def forget(self, partitions: Iterable[TopicPartition]) -> None:
+        """Drop revoked partitions, and the answers held in them: those records are above
+        the committed offset, so the partitions' next owner answers them."""
         partitions = list(partitions)
         self._tracker.forget(partitions)
+        held: list[_Answer] = []
         for tp in partitions:
             self._live.pop(tp, None)
             self._committed.pop(tp, None)
+            held.extend(self._held.pop(tp, {}).values())
+        if held:
+            self._drop(held, "revoked")
 
     async def _transaction(self) -> None:
         async with self._lock:
             if self._failed is not None:
                 raise TransactionError("an earlier transaction failed") from self._failed
             batch, self._waiting = self._waiting, []
-            live: list[_Answer] = []
             stale: list[_Answer] = []
             for answer in batch:
-                (live if self._claim(answer.record) else stale).append(answer)
+                record = answer.record
+                if self._claim(record):
+                    self._held.setdefault(record.tp, {})[record.offset] = answer
+                else:
+                    stale.append(answer)
             if stale:
                 # Their partitions moved (or were taken anew): not ours to answer, and not
                 # ours to mark answered either (a record fetched anew may have the offset).
                 self._drop(stale, "revoked")
-            if live and not self._source.in_group():
+            if self._held and not self._source.in_group():
                 # Expelled: the partitions are someone else's now, and so are these answers.
                 # They count as answered so that the revocation that follows does not wait
                 # for them; nothing is committed before that revocation forgets them.
-                for answer in live:
+                expelled = [answer for held in self._held.values() for answer in held.values()]
+                self._held.clear()
+                for answer in expelled:
                     self._tracker.done(answer.record.tp, answer.record.offset)
-                self._drop(live, "not_in_group")
+                self._drop(expelled, "not_in_group")
                 return
+            live = self._covered({answer.record.tp for answer in batch})
             if not live:
                 return
             offsets = await self._commit_answers(live)
@@ -444,6 +523,23 @@ class ExactlyOnce:
                     self._on_dead_letter(answer.message.code)
                 if not answer.done.done():
                     answer.done.set_result(True)
+
+    def _covered(self, arrived: set[TopicPartition]) -> list[_Answer]:
+        """Take the held answers the next transaction's offsets will cover: per partition,
+        those below its first record still unanswered (all of them if there is none), in
+        the order they arrived. The others stay held. Only partitions in ``arrived`` (where
+        answers arrived since the last transaction) are looked at: elsewhere that first
+        record is still unanswered."""
+        covered: list[_Answer] = []
+        for tp in arrived & self._held.keys():
+            held = self._held[tp]
+            gap = self._tracker.first_unanswered(tp, held)
+            for offset in [offset for offset in held if gap is None or offset < gap]:
+                covered.append(held.pop(offset))
+            if not held:
+                del self._held[tp]
+        covered.sort(key=lambda answer: answer.since)
+        return covered
 
     async def _commit_answers(self, live: list[_Answer]) -> dict[TopicPartition, int]:
         """Write ``live`` in one transaction; the offsets committed with them.
@@ -550,10 +646,12 @@ class ExactlyOnce:
             answers=len(live),
             partitions=_names({answer.record.tp for answer in live}),
         )
-        for answer in [*live, *self._waiting]:
+        held = [answer for answers in self._held.values() for answer in answers.values()]
+        for answer in [*live, *self._waiting, *held]:
             if not answer.done.done():
                 answer.done.set_result(False)
         self._waiting.clear()
+        self._held.clear()
         self._on_fatal(TransactionError(f"transaction failed: {type(error).__name__}"))
 
     def _claim(self, record: Record) -> bool:

@@ -10,7 +10,7 @@ drop by request id.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 from worker.ports import TopicPartition
 
@@ -53,6 +53,27 @@ class OffsetTracker:
         if part is None or part.high < 0:
             return None
         return part.heap[0] if part.heap else part.high + 1
+
+    def first_unanswered(self, tp: TopicPartition, ready: Container[int]) -> int | None:
+        """The lowest offset of ``tp`` in flight and not in ``ready``; None if there is none.
+
+        The offset ``committable`` would give once the records in ``ready`` are answered
+        (if any in flight remains): answers below it may be committed, those above must
+        wait for it. Walks the heap in order, so it costs O(k log k) for the k offsets
+        below the result (answered ones still in the heap included)."""
+        part = self._partitions.get(tp)
+        if part is None:
+            return None
+        heap = part.heap
+        frontier = [(heap[0], 0)] if heap else []
+        while frontier:
+            offset, index = heapq.heappop(frontier)
+            if offset in part.outstanding and offset not in ready:
+                return offset
+            for child in (2 * index + 1, 2 * index + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], child))
+        return None
 
     def in_flight(self, tps: Iterable[TopicPartition] | None = None) -> int:
         """How many records are unanswered, in ``tps`` or in all partitions."""

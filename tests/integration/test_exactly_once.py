@@ -5,6 +5,10 @@ requests are published and one worker is SIGKILLed in the middle of a transactio
 read_committed reader of the result topic then sees every request id exactly once: the
 killed worker's open transaction (results and offsets) is aborted by the broker, and the
 surviving worker answers those requests again from the last committed offsets.
+
+A second pair of workers gets bulk requests of very different lengths, which finish out
+of order, and one of them is SIGKILLed between two transactions: what its committed
+transactions hold must be exactly what their offsets cover.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from loadtest.data import passages, stsb_sentences
 from producer_sdk import EmbedClient
 from schemas import EmbedRequest, EmbedResult, decode_result, encode_request
 from schemas.headers import CORRELATION_ID, DLQ_ERROR_CODE, DLQ_OFFSET, DLQ_TOPIC
@@ -371,3 +376,165 @@ async def test_a_fenced_worker_exits_and_a_restart_answers_the_rest_once(
     _assert_once(seen, second_half, 2)
     committed = await _committed(kafka.bootstrap_servers, group, requests_topic, 2)
     assert all(committed[p] == end for p, end in ends.items())
+
+
+async def _kill_between_transactions(
+    bootstrap: str, victim: WorkerProcess, requests: str, results: str
+) -> bool:
+    """SIGKILL ``victim`` while no transaction of its own is open: freeze it (SIGSTOP) and
+    look at the partitions of ``results`` only it writes to (numbered like its partitions
+    of ``requests``); if every one's high watermark equals its last stable offset, nothing
+    of the victim's is in flight. Tries for a while, then kills it anyway; True if it
+    caught such a moment."""
+    assigned = [e for e in victim.events() if e.get("event") == "partitions.assigned"]
+    names = assigned[-1]["partitions"]
+    mine = [int(n.rsplit("-", 1)[1]) for n in names if n.rsplit("-", 1)[0] == requests]
+    assert mine, "the victim owns partitions of the request topic"
+    tps = [TopicPartition(results, p) for p in mine]
+    readers = [
+        AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=level)
+        for level in ("read_uncommitted", "read_committed")
+    ]
+    for reader in readers:
+        await reader.start()
+    try:
+        for _ in range(500):
+            victim.process.send_signal(signal.SIGSTOP)
+            await asyncio.sleep(0.3)  # a commit under way completes meanwhile
+            high, stable = [await reader.end_offsets(tps) for reader in readers]
+            if all(high[tp] == stable[tp] for tp in tps):
+                victim.process.kill()
+                return True
+            victim.process.send_signal(signal.SIGCONT)
+            await asyncio.sleep(random.uniform(0, 0.05))
+        victim.process.kill()
+        return False
+    finally:
+        victim.process.wait()
+        for reader in readers:
+            await reader.stop()
+
+
+MIXED_COUNT, MIXED_INPUTS, MIXED_PARTITIONS = 600, 4, 4
+
+
+def _mixed_requests(topic: str) -> list[EmbedRequest]:
+    """Bulk requests of four STS-B texts each: every third request holds passages of
+    ~120 words, the others the shortest sentences, so that length-sorted batches finish
+    later requests before earlier ones."""
+    sentences = stsb_sentences()
+    short = sorted(sentences, key=len)[:300]
+    long = passages(sentences, words=120)
+    requests = []
+    for i in range(MIXED_COUNT):
+        pool = long if i % 3 == 0 else short
+        inputs = tuple(pool[(MIXED_INPUTS * i + j) % len(pool)] for j in range(MIXED_INPUTS))
+        requests.append(
+            EmbedRequest(
+                id=f"{topic}-{i:04d}",
+                inputs=inputs,
+                reply_to=f"{topic}.results",
+                reply_partition=i % MIXED_PARTITIONS,
+            )
+        )
+    return requests
+
+
+async def test_answers_finished_out_of_order_are_committed_once_after_a_kill(
+    kafka: LocalKafka, tmp_path: Path
+) -> None:
+    """Two exactly-once workers share bulk requests of mixed lengths on four partitions,
+    which finish out of order (the results of a partition are not in request order); one
+    worker is SIGKILLed between two of its transactions once a quarter of the requests
+    are answered. A read_committed reader sees every request exactly once: no committed
+    transaction held an answer above its partition's committed offset, which the
+    survivor would have answered again. The workers run with a small in-flight limit, so
+    their bulk partitions are paused and resumed while answers wait behind unfinished
+    requests; the survivor still answers everything."""
+    topic = f"eosmix.{uuid.uuid4().hex[:6]}"
+    results = f"{topic}.results"
+    kafka.create_topics(
+        [
+            TopicSpec(topic, 1),
+            TopicSpec(f"{topic}.bulk", MIXED_PARTITIONS),
+            TopicSpec(results, MIXED_PARTITIONS),
+        ]
+    )
+    settings: dict[str, Any] = {
+        "delivery": "exactly_once",
+        "requests_topic": topic,
+        "bulk_topic": f"{topic}.bulk",
+        "results_topic": results,
+        "group_id": topic,
+        "session_timeout_ms": 6000,
+        "heartbeat_interval_ms": 1000,
+        "transaction_timeout_ms": 3000,
+        "max_inflight_inputs": 512,
+    }
+    victim = WorkerProcess(kafka.bootstrap_servers, tmp_path / "victim.log", **settings)
+    survivor = WorkerProcess(kafka.bootstrap_servers, tmp_path / "survivor.log", **settings)
+    try:
+        victim.wait_ready()
+        survivor.wait_ready()
+        for worker in (victim, survivor):  # both hold bulk partitions
+            await asyncio.to_thread(_wait_assigned, worker, f"{topic}.bulk", MIXED_PARTITIONS // 2)
+        requests = _mixed_requests(topic)
+        wanted = {request.id for request in requests}
+        ends = await _publish(kafka.bootstrap_servers, f"{topic}.bulk", requests)
+
+        await _read(
+            kafka.bootstrap_servers,
+            "read_committed",
+            lambda ids: len(set(ids) & wanted) >= MIXED_COUNT // 4,
+            timeout=300,
+            topic=results,
+            partitions=MIXED_PARTITIONS,
+        )
+        assert await _kill_between_transactions(
+            kafka.bootstrap_servers, victim, f"{topic}.bulk", results
+        ), "never caught the victim between transactions"
+
+        seen = await _read(
+            kafka.bootstrap_servers,
+            "read_committed",
+            lambda ids: wanted <= set(ids),
+            timeout=600,
+            topic=results,
+            partitions=MIXED_PARTITIONS,
+        )
+        assert survivor.process.poll() is None
+    finally:
+        victim.stop()
+        survivor.stop()
+
+    counts = Counter(request_id for request_id, _ in seen)
+    assert not wanted - counts.keys(), f"{len(wanted - counts.keys())} requests never answered"
+    twice = sorted(request_id for request_id, n in counts.items() if n > 1)
+    assert not twice, f"read_committed saw {len(twice)} requests twice: {twice[:20]}"
+    for _, record in seen:
+        result = decode_result(record.value)
+        assert isinstance(result, EmbedResult), result
+        assert (result.count, result.dim) == (MIXED_INPUTS, DIM)
+    # Requests finished out of order: some result partition is not in request order.
+    order: dict[int, list[str]] = {}
+    for request_id, record in seen:
+        order.setdefault(record.partition, []).append(request_id)
+    assert any(ids != sorted(ids) for ids in order.values()), "completion was in order"
+    # Backpressure paused the bulk partitions while answers were held.
+    events = [e.get("event") for w in (victim, survivor) for e in w.events()]
+    assert "partitions.paused" in events
+    assert "partitions.resumed" in events
+    committed = await _committed(kafka.bootstrap_servers, topic, f"{topic}.bulk", MIXED_PARTITIONS)
+    assert committed == {p: ends.get(p) for p in range(MIXED_PARTITIONS)}
+
+
+def _wait_assigned(worker: WorkerProcess, topic: str, count: int, timeout: float = 120) -> None:
+    """Wait until ``worker``'s latest assignment holds ``count`` partitions of ``topic``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assigned = [e for e in worker.events() if e.get("event") == "partitions.assigned"]
+        names = assigned[-1]["partitions"] if assigned else []
+        if sum(name.startswith(f"{topic}-") for name in names) == count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{worker.log_path.name}: never held {count} partitions of {topic}")

@@ -9,6 +9,8 @@ test at the end uses the session's plain broker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import os
 import secrets
 import subprocess
@@ -420,6 +422,75 @@ def test_worker_refused_by_its_group_at_run_time_exits_with_a_clear_error(
     assert failed[0]["reason"].startswith(
         f"User:dave is not authorized for READ on consumer group '{DAVE_GROUP}'"
     )
+    assert_no_secret(worker.log_path.read_text(), passwords)
+
+
+async def test_worker_whose_group_right_is_revoked_while_running_exits_at_the_next_commit(
+    secure_kafka: LocalKafka, passwords: dict[str, str], tmp_path: Path
+) -> None:
+    """The group's READ right is revoked while an at-least-once worker serves a stream of
+    requests: its next offset commit is refused (GroupAuthorizationFailedError), which no
+    retry cures, so the worker logs one kafka.authorization_failed error and exits 1 at
+    once, instead of warning at every commit while its offsets never move. Heartbeats are
+    20 s apart here, so the refused commit, not a refused heartbeat, is what finds it."""
+    tag = uuid.uuid4().hex[:6]
+    topic, group = f"revoke.{tag}", f"revoke-{tag}"
+    secure_kafka.create_topics([TopicSpec(topic, 1), TopicSpec(f"{topic}.bulk", 1)])
+    for name in (topic, f"{topic}.bulk"):
+        secure_kafka.grant(WORKER_USER, ["read"], topic=name)
+    secure_kafka.grant(WORKER_USER, ["read"], group=group)
+    worker = WorkerProcess(
+        secure_kafka.bootstrap_servers,
+        tmp_path / "worker.log",
+        requests_topic=topic,
+        bulk_topic=f"{topic}.bulk",
+        group_id=group,
+        session_timeout_ms=60000,
+        heartbeat_interval_ms=20000,
+        **worker_login(WORKER_USER, passwords[WORKER_USER]),
+    )
+    stop = asyncio.Event()
+
+    async def requests() -> None:
+        """One request every 50 ms, until told to stop."""
+        async with producer(
+            secure_kafka.bootstrap_servers, **secure_kafka.client_config()
+        ) as client:
+            for i in itertools.count():
+                body = {"v": 1, "id": f"{tag}-{i}", "inputs": [f"request {i} of a stream"]}
+                await client.send_and_wait(topic, msgpack.packb(body))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.05)
+                if stop.is_set():
+                    return
+
+    stream = asyncio.create_task(requests())
+    try:
+        await asyncio.to_thread(worker.wait_ready)
+        await asyncio.to_thread(worker.wait_for, "partitions.assigned", 60)
+        await asyncio.sleep(3)  # commits succeed meanwhile
+        assert worker.process.poll() is None
+        await asyncio.to_thread(secure_kafka.revoke, WORKER_USER, ["read"], group=group)
+        status = await asyncio.to_thread(worker.process.wait, 120)
+    finally:
+        stop.set()
+        await stream
+        worker.stop()
+
+    events = worker.events()
+    failed = [e for e in events if e.get("event") == "kafka.authorization_failed"]
+    assert status == 1
+    assert len(failed) == 1, failed
+    assert failed[0]["level"] == "error"
+    # The refused commit says so; a refused heartbeat (20 s apart) could come first.
+    assert failed[0]["reason"].startswith(
+        (
+            "GroupAuthorizationFailedError: the principal may no longer commit offsets",
+            f"User:{WORKER_USER} is not authorized for READ on consumer group '{group}'",
+        )
+    ), failed[0]
+    warned = [e for e in events if e.get("event") == "commit.failed"]
+    assert warned == [], "a commit refused for good is not retried"
     assert_no_secret(worker.log_path.read_text(), passwords)
 
 

@@ -5,16 +5,22 @@ tests/integration/test_exactly_once.py)."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import pytest
+import structlog
+from aiokafka import errors as kafka_errors
+from aiokafka.errors import CommitFailedError
 
 from schemas.headers import CORRELATION_ID, DLQ_ERROR_CODE, DLQ_ERROR_MESSAGE
 from worker.delivery import AtLeastOnce, ExactlyOnce, TransactionError, make_delivery
+from worker.kafka.commit_errors import FatalCommitError
+from worker.observability.probes import Probes
 from worker.offsets import OffsetTracker
-from worker.ports import PublishError, Record, TopicPartition
+from worker.ports import KafkaAccessError, PublishError, Record, TopicPartition
 from worker.replies import ReplyTo
 from worker.settings import WorkerSettings
 
@@ -104,7 +110,8 @@ class FakeSource:
         self.member = True
         self.owned: set[TopicPartition] = {TP, OTHER}
         self.commits: list[dict[TopicPartition, int]] = []
-        self.fail_commit = False
+        self.attempts = 0
+        self.commit_error: Exception | None = None  # raised by commit() while set
 
     async def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
         return []
@@ -119,8 +126,9 @@ class FakeSource:
         pass
 
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        if self.fail_commit:
-            raise RuntimeError("rebalance in progress")
+        self.attempts += 1
+        if self.commit_error is not None:
+            raise self.commit_error
         self.commits.append(dict(offsets))
 
     def lag(self) -> dict[TopicPartition, int]:
@@ -215,33 +223,208 @@ async def test_answers_and_their_offsets_are_committed_in_one_transaction() -> N
 
 
 async def test_offsets_never_pass_an_unanswered_record() -> None:
-    """With record 1 still unanswered, answering 0 and 2 commits offset 1 only; answering
-    1 later commits 3. Offsets already committed are not sent again, and a transaction
-    whose answers move no offset sends none."""
+    """With record 1 still unanswered, answering 0 and 2 commits record 0's answer and
+    offset 1 only: answer 2 is held (its call waits). Answering 1 later commits 1 and 2
+    with offset 3. Offsets already committed are not sent again, and answers that no
+    offset would cover begin no transaction at all."""
     h = Harness()
     records = [h.record(offset) for offset in range(3)]
     h.record(0, OTHER)
-    calls = [h.answer(records[0]), h.answer(records[2])]
+    first, held = h.answer(records[0]), h.answer(records[2])
     await settle()
     await h.delivery.commit()
-    assert all([await call for call in calls])
+    assert await first
+    assert not held.done(), "an answer above an unanswered record waits"
+    assert h.tracker.committable(TP) == 1
     late = h.answer(records[1])
     await settle()
     await h.delivery.commit()
-    assert await late
-    first, second = h.producer.transactions()
+    assert await asyncio.wait_for(late, 1)
+    assert await asyncio.wait_for(held, 1)
+    one, two = h.producer.transactions()
     # OTHER's first record is unanswered: its committable offset is that record's own.
-    assert ("offsets", {TP: 1, OTHER: 0}, "g") in first
-    assert ("offsets", {TP: 3}, "g") in second
+    assert sent_ids(one) == ["id-0-0"]
+    assert ("offsets", {TP: 1, OTHER: 0}, "g") in one
+    assert sent_ids(two) == ["id-0-2", "id-0-1"], "in the order they arrived"
+    assert ("offsets", {TP: 3}, "g") in two
 
-    # An answer that moves no committable offset (0 is still open) sends no offsets.
-    a, b = h.record(10, OTHER), h.record(11, OTHER)
-    del a
-    call = h.answer(b)
+    # OTHER's record 0 is still open: an answer to 11 is held, and no transaction begins.
+    h.record(10, OTHER)
+    waiting = h.answer(h.record(11, OTHER))
     await settle()
     await h.delivery.commit()
-    assert await call
-    assert [event[0] for event in h.producer.transactions()[-1]] == ["send"]
+    assert not waiting.done()
+    assert len(h.producer.begun) == 2
+    waiting.cancel()
+
+
+def sent_ids(transaction: list[tuple[Any, ...]]) -> list[str]:
+    """The request ids of a transaction's results, in the order sent."""
+    return [e[3][CORRELATION_ID].decode() for e in transaction if e[0] == "send"]
+
+
+def covered(h: Harness) -> None:
+    """Every committed transaction carries only answers its offsets cover: per partition,
+    each answer's offset is below that partition's committed offset once the transaction
+    commits. (A crash after a commit must leave no answer the next owner would repeat.)"""
+    committed: dict[TopicPartition, int] = {}
+    for transaction in h.producer.transactions():
+        for event in transaction:
+            if event[0] == "offsets":
+                committed.update(event[1])
+        for request_id in sent_ids(transaction):
+            _, partition, offset = request_id.split("-")
+            tp = (TP[0], int(partition))
+            assert int(offset) < committed.get(tp, 0), (
+                f"{request_id} committed with offset {committed.get(tp)}"
+            )
+
+
+@pytest.mark.parametrize("seed", range(5))
+async def test_answers_completing_out_of_order_are_committed_with_their_offsets(
+    seed: int,
+) -> None:
+    """Answers of three partitions arrive in random order (as length-sorted batches
+    finish them) while transactions are cut at random moments: every transaction holds
+    only answers below its partitions' committed offsets, each answer is sent once, each
+    call returns True once its answer is committed, and the final offsets cover every
+    record."""
+    rng = random.Random(seed)
+    h = Harness()
+    partitions = [("embed.requests", p) for p in range(3)]
+    h.source.owned = set(partitions)
+    records = [h.record(offset, tp) for tp in partitions for offset in range(40)]
+    order = records[:]
+    rng.shuffle(order)
+    calls: dict[Record, asyncio.Task[bool]] = {}
+    for record in order:
+        calls[record] = h.answer(record)
+        if rng.random() < 0.2:
+            await settle()
+            await h.delivery.commit()
+            await settle()
+            covered(h)
+            for done, call in calls.items():
+                # A call returns exactly when its record is below the committed offset.
+                committable = h.tracker.committable(done.tp)
+                assert committable is not None
+                assert call.done() == (done.offset < committable)
+    await settle()
+    await h.delivery.commit()
+    assert all(await asyncio.wait_for(asyncio.gather(*calls.values()), 1))
+    covered(h)
+    sent = [i for transaction in h.producer.transactions() for i in sent_ids(transaction)]
+    assert sorted(sent) == sorted(f"id-{r.partition}-{r.offset}" for r in records)
+    assert {tp: h.tracker.committable(tp) for tp in partitions} == dict.fromkeys(partitions, 40)
+    assert h.tracker.in_flight() == 0
+
+
+async def test_held_answers_are_committed_with_the_answer_that_fills_the_gap() -> None:
+    """The run loop: answers to 1 and 2 arrive first and are held (no transaction begins);
+    the answer to 0 then brings them along, all three in one transaction with offset 3."""
+    h = Harness()
+    records = [h.record(offset) for offset in range(3)]
+    h.start()
+    try:
+        held = [h.answer(records[2]), h.answer(records[1])]
+        await asyncio.sleep(0.05)
+        assert h.producer.begun == []
+        assert not any(call.done() for call in held)
+        first = h.answer(records[0])
+        assert await asyncio.wait_for(asyncio.gather(first, *held), 2) == [True] * 3
+        [transaction] = h.producer.transactions()
+        assert sorted(sent_ids(transaction)) == ["id-0-0", "id-0-1", "id-0-2"]
+        assert ("offsets", {TP: 3}, "g") in transaction
+    finally:
+        await h.stop()
+
+
+async def test_a_revoked_partition_drops_its_held_answers() -> None:
+    """Answers held in a partition that is revoked are dropped when it is forgotten: their
+    calls return True (the pipeline moves on), nothing of theirs is sent, and their
+    records, above the committed offset, are left to the partition's next owner. Held
+    answers of other partitions stay held."""
+    h = Harness()
+    gap, above = h.record(0), h.record(1)
+    other_gap, other_above = h.record(0, OTHER), h.record(1, OTHER)
+    moved, kept = h.answer(above), h.answer(other_above)
+    await settle()
+    await h.delivery.commit()
+    h.delivery.forget([TP])
+    assert await asyncio.wait_for(moved, 1)
+    assert h.delivery.dropped == 1
+    assert not kept.done()
+    late = h.answer(gap)  # the gap's answer arrives after the revocation: dropped too
+    await settle()
+    await h.delivery.commit()
+    assert await asyncio.wait_for(late, 1)
+    assert h.producer.begun == [], "nothing of TP was committed"
+    filled = h.answer(other_gap)
+    await settle()
+    await h.delivery.commit()
+    assert await asyncio.wait_for(filled, 1)
+    assert await asyncio.wait_for(kept, 1)
+    [transaction] = h.producer.transactions()
+    assert sent_ids(transaction) == ["id-1-1", "id-1-0"]
+    assert ("offsets", {OTHER: 2}, "g") in transaction
+
+
+async def test_shutdown_commits_what_is_covered_and_leaves_held_answers() -> None:
+    """The commit at shutdown writes what the offsets cover and nothing above a record
+    that is still unanswered: the held answer's record stays in flight and uncommitted,
+    for the partition's next owner to answer."""
+    h = Harness()
+    records = [h.record(offset) for offset in range(3)]
+    covered_call, held = h.answer(records[0]), h.answer(records[2])
+    await settle()
+    await h.delivery.commit()  # the shutdown commit, with record 1 unfinished
+    assert await covered_call
+    assert not held.done()
+    [transaction] = h.producer.transactions()
+    assert sent_ids(transaction) == ["id-0-0"]
+    assert ("offsets", {TP: 1}, "g") in transaction
+    assert h.tracker.in_flight() == 2
+    assert h.tracker.committable(TP) == 1
+    held.cancel()
+
+
+async def test_held_answers_neither_cut_nor_block_transactions() -> None:
+    """With max_answers 3 and a long interval, answers held behind a gap reach the count
+    without beginning a transaction (nothing could be committed) and without spinning;
+    answers of another partition reaching the count are committed at once past them; the
+    gap's answer with two more brings every held answer along."""
+    h = Harness(interval_s=60.0, max_answers=3)
+    tp_records = [h.record(offset) for offset in range(6)]
+    other = [h.record(offset, OTHER) for offset in range(5)]
+    checks = 0
+    in_group = h.source.in_group
+
+    def counted() -> bool:
+        nonlocal checks
+        checks += 1
+        return in_group()
+
+    h.source.in_group = counted  # type: ignore[method-assign]
+    h.start()
+    try:
+        held = [h.answer(record) for record in tp_records[1:]]
+        await asyncio.sleep(0.05)
+        assert h.producer.begun == []
+        assert checks <= 2, "held answers must not keep the loop busy"
+        first = [h.answer(record) for record in other[:3]]
+        assert await asyncio.wait_for(asyncio.gather(*first), 2) == [True] * 3
+        assert not any(call.done() for call in held)
+        rest = [h.answer(tp_records[0]), *(h.answer(record) for record in other[3:])]
+        assert all(await asyncio.wait_for(asyncio.gather(*rest, *held), 2))
+        one, two = h.producer.transactions()
+        assert sent_ids(one) == ["id-1-0", "id-1-1", "id-1-2"]
+        assert ("offsets", {OTHER: 3, TP: 0}, "g") in one
+        assert sorted(sent_ids(two)) == sorted(
+            [f"id-0-{offset}" for offset in range(6)] + ["id-1-3", "id-1-4"]
+        )
+        assert ("offsets", {TP: 6, OTHER: 5}, "g") in two
+    finally:
+        await h.stop()
 
 
 async def test_answers_within_the_interval_share_a_transaction() -> None:
@@ -554,8 +737,192 @@ async def test_at_least_once_commits_acknowledged_answers_through_the_consumer()
     await delivery.commit()
     assert source.commits == [{TP: 1}], "unchanged offsets are not committed again"
     assert await delivery.answer(records[1], ReplyTo("b", None, None), b"v")
-    source.fail_commit = True
+    source.commit_error = CommitFailedError()  # a rebalance: aiokafka rejoins by itself
     await delivery.commit()
-    source.fail_commit = False
+    source.commit_error = None
     await delivery.commit({TP})
     assert source.commits == [{TP: 1}, {TP: 3}]
+
+
+class PlainPublisher:
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        pass
+
+
+def at_least_once(source: FakeSource, fatal: list[BaseException]) -> AtLeastOnce:
+    return AtLeastOnce(
+        PlainPublisher(),
+        source,
+        OffsetTracker(),
+        results_topic="embed.results",
+        dlq_topic="embed.requests.dlq",
+        commit_interval_s=0.01,
+        on_fatal=fatal.append,
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (kafka_errors.GroupAuthorizationFailedError("kembed-workers"), "authorization"),
+        (kafka_errors.TopicAuthorizationFailedError({"embed.requests"}), "authorization"),
+        (kafka_errors.UnknownError(), "commit"),  # how aiokafka 0.14 reports FENCED_INSTANCE_ID
+    ],
+    ids=["group-acl-revoked", "topic-acl-revoked", "fenced-instance"],
+)
+async def test_a_commit_that_cannot_pass_fails_the_worker_once(error: Exception, kind: str) -> None:
+    """At least once: a commit refused for good (an ACL revoked, a fenced instance) is
+    reported to on_fatal once, as a FatalCommitError (a KafkaAccessError: the worker logs
+    it as kafka.<kind>_failed and exits 1), without a warning of its own, and the commit
+    loop ends instead of trying again every interval while offsets never move."""
+    fatal: list[BaseException] = []
+    source = FakeSource()
+    delivery = at_least_once(source, fatal)
+    record = Record(TP[0], TP[1], 0, b"")
+    delivery.track(record)
+    assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
+    source.commit_error = error
+    with structlog.testing.capture_logs() as logs:
+        await asyncio.wait_for(delivery.run(), 5)  # returns: the loop ends
+        await delivery.commit()  # and so does any later commit (shutdown, revocation)
+    [failure] = fatal
+    assert isinstance(failure, FatalCommitError)
+    assert isinstance(failure, KafkaAccessError)
+    assert failure.kind == kind
+    assert failure.error == type(error).__name__
+    assert failure.reason.startswith(type(error).__name__)
+    assert failure.__cause__ is error
+    assert source.attempts == 1
+    assert source.commits == []
+    assert [entry for entry in logs if entry["event"] == "commit.failed"] == []
+
+
+async def test_rebalance_failures_that_outlast_a_rebalance_fail_the_worker() -> None:
+    """Commits that keep failing "because of a rebalance" for longer than any rebalance
+    takes (give_up_after_s: max_poll_interval_ms + session_timeout_ms) mean the worker
+    never gets back into its group: a FatalCommitError (kind "commit")."""
+    fatal: list[BaseException] = []
+    source = FakeSource()
+    delivery = AtLeastOnce(
+        PlainPublisher(),
+        source,
+        OffsetTracker(),
+        results_topic="embed.results",
+        dlq_topic="embed.requests.dlq",
+        commit_interval_s=0.01,
+        on_fatal=fatal.append,
+        give_up_after_s=0.2,
+    )
+    record = Record(TP[0], TP[1], 0, b"")
+    delivery.track(record)
+    assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
+    source.commit_error = CommitFailedError()
+    await delivery.commit()
+    assert fatal == []
+    await asyncio.wait_for(delivery.run(), 5)
+    [failure] = fatal
+    assert isinstance(failure, FatalCommitError)
+    assert failure.kind == "commit"
+    assert "longer than a rebalance may take" in failure.reason
+    assert source.attempts > 2
+
+
+async def test_a_commit_refused_by_a_rebalance_is_retried_by_the_next_one() -> None:
+    """A commit that fails because the group rebalances (aiokafka's CommitFailedError,
+    a rebalance in progress) is a warning; the commit loop goes on and a later commit
+    moves the offsets."""
+    fatal: list[BaseException] = []
+    source = FakeSource()
+    delivery = at_least_once(source, fatal)
+    record = Record(TP[0], TP[1], 0, b"")
+    delivery.track(record)
+    assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
+    source.commit_error = CommitFailedError()
+    loop = asyncio.create_task(delivery.run())
+    try:
+        with structlog.testing.capture_logs() as logs:
+            await asyncio.sleep(0.1)
+            assert source.attempts >= 2, "the loop went on after a failed commit"
+            assert not loop.done()
+            source.commit_error = None
+            await asyncio.sleep(0.1)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert source.commits == [{TP: 1}]
+    assert fatal == []
+    failures = [entry for entry in logs if entry["event"] == "commit.failed"]
+    assert failures
+    assert {entry["log_level"] for entry in failures} == {"warning"}
+
+
+async def test_a_fatal_commit_makes_the_worker_unhealthy() -> None:
+    """/health fails once the pipeline holds the failure that on_fatal reported, naming
+    the error (the worker then exits; an orchestrator restarts it)."""
+    failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    class View:
+        def assigned_partitions(self) -> set[tuple[str, int]]:
+            return {TP}
+
+        def busy_seconds(self) -> float | None:
+            return None
+
+        def failure(self) -> BaseException | None:
+            return failure.exception() if failure.done() else None
+
+    probes = Probes(stuck_batch_s=60.0, phase="serving")
+    probes.pipeline = View()
+    source = FakeSource()
+    delivery = AtLeastOnce(
+        PlainPublisher(),
+        source,
+        OffsetTracker(),
+        results_topic="embed.results",
+        dlq_topic="embed.requests.dlq",
+        commit_interval_s=0.01,
+        on_fatal=failure.set_exception,
+    )
+    record = Record(TP[0], TP[1], 0, b"")
+    delivery.track(record)
+    assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
+    assert probes.health_response()[0] == 200
+    source.commit_error = kafka_errors.GroupAuthorizationFailedError("kembed-workers")
+    await delivery.commit()
+    status, _, body = probes.health_response()
+    assert status == 503
+    assert b"worker failed: FatalCommitError" in body
+    failure.exception()  # retrieved
+
+
+async def test_exactly_once_offsets_refused_for_good_fail_the_worker_once() -> None:
+    """Exactly once commits offsets inside the transaction (send_offsets), not through the
+    consumer: a group right revoked there aborts the transaction and fails the worker at
+    once, like at least once's refused commit (one transaction.failed error naming the
+    step, on_fatal once; the worker exits 1 and its restart resumes from the last commit)."""
+    h = Harness()
+
+    async def refused(offsets: Mapping[TopicPartition, int], group_id: str) -> None:
+        raise kafka_errors.GroupAuthorizationFailedError(group_id)
+
+    h.producer.send_offsets = refused  # type: ignore[method-assign]
+    call = h.answer(h.record(0))
+    await settle()
+    with structlog.testing.capture_logs() as logs, pytest.raises(TransactionError):
+        await h.delivery.commit()
+    assert await call is False
+    assert h.producer.transactions() == []
+    assert [event[0] for event in h.producer.events].count("begin") == 1, "not retried"
+    [failure] = h.fatal
+    assert isinstance(failure, TransactionError)
+    [failed] = [entry for entry in logs if entry["event"] == "transaction.failed"]
+    assert failed["log_level"] == "error"
+    assert (failed["phase"], failed["error"]) == ("send_offsets", "GroupAuthorizationFailedError")

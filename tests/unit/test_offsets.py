@@ -157,3 +157,30 @@ def test_committable_tracks_smallest_unanswered_in_any_order(
             assert committable == min(remaining)
         assert tracker.in_flight() == len(remaining)
     assert tracker.committable(TP) == max(ordered) + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.data(),
+    offsets=st.sets(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=60),
+)
+def test_first_unanswered_is_the_smallest_offset_in_flight_and_not_ready(
+    data: st.DataObject, offsets: set[int]
+) -> None:
+    """first_unanswered(tp, ready) is the smallest offset in flight outside ``ready``
+    (None if there is none), whatever was answered before (answered offsets may linger
+    inside the heap), and it changes nothing."""
+    tracker = OffsetTracker()
+    ordered = sorted(offsets)
+    for offset in ordered:
+        tracker.track(TP, offset)
+    answered = data.draw(st.sets(st.sampled_from(ordered)))
+    for offset in data.draw(st.permutations(sorted(answered))):
+        tracker.done(TP, offset)
+    in_flight = set(ordered) - answered
+    ready = data.draw(st.sets(st.sampled_from(ordered)))
+    expected = min(in_flight - ready, default=None)
+    before = (tracker.committable(TP), tracker.in_flight())
+    assert tracker.first_unanswered(TP, ready) == expected
+    assert (tracker.committable(TP), tracker.in_flight()) == before
+    assert tracker.first_unanswered(OTHER, ready) is None
