@@ -156,6 +156,9 @@ class Pipeline:
         }
         for (name, lane), budget in self._budgets.items():
             self._metrics.effective_batch_tokens.labels(name, lane).set(budget.tokens)
+        for lane in (INTERACTIVE, BULK):  # exposed at 0 from the start, so rate() sees the 1st
+            for reason in ("error", "out_of_memory"):
+                self._metrics.batch_splits.labels(lane, reason)
         self._tracker = OffsetTracker()
         self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._delivery = make_delivery(

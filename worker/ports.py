@@ -49,9 +49,10 @@ class PublishError(Exception):
 
 class KafkaAccessError(Exception):
     """Kafka refused the worker: ``kind`` is "authentication" (login or TLS handshake
-    rejected), "authorization" (the principal lacks an ACL) or "tls" (the TLS files cannot
-    be loaded). Retrying will not help, so the worker stops; ``reason`` says what to fix
-    and never holds a secret."""
+    rejected), "authorization" (the principal lacks an ACL), "tls" (the TLS files cannot
+    be loaded) or "commit" (offset commits refused for good:
+    ``worker.kafka.commit_errors.FatalCommitError``). Retrying will not help, so the worker
+    stops; ``reason`` says what to fix and never holds a secret."""
 
     def __init__(self, kind: str, reason: str) -> None:
         super().__init__(f"{kind} failed: {reason}")
