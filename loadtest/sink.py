@@ -7,16 +7,17 @@ A local PostgreSQL with pgvector and a local broker start. ``--results`` results
 encoded by the schemas' codec as the worker encodes them) are generated, then:
 
 1. **Breakdown, in process** (no Kafka): the time to decode the messages, to build rows
-   from them (``sink.rows``), and to write them with ``PostgresStore.upsert`` in batches of
-   ``--batch-results`` results, split into encoding the binary COPY data and the database
-   (COPY, INSERT ... SELECT ... ON CONFLICT, commit). The write runs into a table with its
-   HNSW index (streaming) and into one without (the share of index maintenance), followed
-   by one index build with the build settings (what a load without the index then pays).
-   The former write path (executemany of vector text literals, index present) writes the
-   first ``--baseline-results`` results, for the ratio.
+   from them (``sink.rows``) and to encode them for the binary COPY, for all of them. The
+   first ``--baseline-results`` results (batches of ``--batch-results`` results) are
+   written into a table with its HNSW index three ways: by the former write path
+   (executemany of vector text literals), and by ``PostgresStore.upsert`` with one writer
+   and with ``--writers``. All the results are then written in bulk mode (no index, the
+   ``index=after`` store), followed by the one index build with the build settings.
 2. **End to end**: the results are pre-published on a topic, a ``kembed sink`` process
    (what users run) starts against a fresh table, and the database is polled until the
-   last row is there: rows/s from the sink's start, and from its first row to its last.
+   last row is there: rows/s from the sink's start, and from its first row to its last;
+   once with ``index=streaming`` (the default) and once with ``index=after`` (bulk mode,
+   ``index_build_idle_s=1``), then until its index exists.
 
 Nothing is asserted: the report gives figures and ratios (``report.md`` and
 ``report.json`` in ``--out``, default ``loadtest/reports/sink-<time>``).
@@ -34,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import psycopg
@@ -56,7 +57,12 @@ __all__ = ["main"]
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "loadtest.sink.results"
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-BUILD_SETTINGS = {"maintenance_work_mem": "1GB", "max_parallel_maintenance_workers": "2"}
+BUILD_MEMORY_MB = SinkSettings.model_fields["index_build_memory_mb"].default
+BUILD_WORKERS = SinkSettings.model_fields["index_build_workers"].default
+BUILD_SETTINGS = {
+    "maintenance_work_mem": f"{BUILD_MEMORY_MB}MB",
+    "max_parallel_maintenance_workers": str(BUILD_WORKERS),
+}
 
 
 def make_results(results: int, rows: int, dim: int, seed: int = 0) -> list[bytes]:
@@ -93,8 +99,20 @@ def _connect(pg: LocalPostgres) -> psycopg.Connection[Any]:
     return psycopg.connect(pg.dsn, password=pg.password, autocommit=True)
 
 
-def _store(pg: LocalPostgres, table: str, writers: int = 1) -> PostgresStore:
-    store = PostgresStore(parse_target(pg.dsn, SecretStr(pg.password)), table, writers=writers)
+def _store(
+    pg: LocalPostgres,
+    table: str,
+    writers: int = 1,
+    index: Literal["streaming", "after"] = "streaming",
+) -> PostgresStore:
+    store = PostgresStore(
+        parse_target(pg.dsn, SecretStr(pg.password)),
+        table,
+        writers=writers,
+        index=index,
+        index_build_memory_mb=BUILD_MEMORY_MB,
+        index_build_workers=BUILD_WORKERS,
+    )
     store.open()
     return store
 
@@ -156,43 +174,8 @@ def breakdown(
         "copy_encode_s": encode_s,
         "writers": writers,
     }
-    for name, index, count in (
-        ("with_index_1_writer", True, 1),
-        ("with_index", True, writers),
-        ("without_index", False, writers),
-    ):
-        table = f"bench_{name}"
-        store = _store(pg, table, count)
-        try:
-            store.create(dim, "inner_product")
-            if not index:
-                with _connect(pg) as conn:
-                    conn.execute(
-                        sql.SQL("DROP INDEX {}").format(sql.Identifier(f"{table}_vector_hnsw"))
-                    )
-            started = time.perf_counter()
-            for batch in batches:
-                store.upsert(batch)
-            seconds = time.perf_counter() - started
-        finally:
-            store.close()
-        out[name] = {"write_s": seconds, "rows_per_s": total_rows / seconds}
-        print(
-            f"  COPY path, {name.replace('_', ' ')} ({count} writers): "
-            f"{total_rows / seconds:,.0f} rows/s"
-        )
-    with _connect(pg) as conn:
-        for setting, level in BUILD_SETTINGS.items():
-            conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(setting), sql.Literal(level)))
-        started = time.perf_counter()
-        conn.execute(
-            "CREATE INDEX bench_without_index_vector_hnsw ON bench_without_index "
-            "USING hnsw (vector vector_ip_ops) WITH (m = 16, ef_construction = 64)"
-        )
-        out["index_build_s"] = time.perf_counter() - started
-        out["index_build_settings"] = BUILD_SETTINGS
-    print(f"  index build after the load: {out['index_build_s']:.1f} s")
-    # The former path: the first baseline_results results, same batches, index present.
+    # The former path and the COPY path with one writer: the first baseline_results
+    # results, the same batches, index present.
     subset = [
         newest(row for result in results[i : i + batch_results] for row in result.rows)
         for i in range(0, min(baseline_results, len(results)), batch_results)
@@ -214,6 +197,31 @@ def breakdown(
         "rows_per_s": subset_rows / seconds,
     }
     print(f"  former path (executemany, text literals): {subset_rows / seconds:,.0f} rows/s")
+    runs: tuple[tuple[str, list[list[Row]], Literal["streaming", "after"], int], ...] = (
+        ("with_index_1_writer", subset, "streaming", 1),
+        ("with_index", subset, "streaming", writers),
+        ("without_index", batches, "after", writers),
+    )
+    for name, written, index, count in runs:
+        store = _store(pg, f"bench_{name}", count, index)
+        rows = sum(len(batch) for batch in written)
+        try:
+            store.create(dim, "inner_product")
+            started = time.perf_counter()
+            for batch in written:
+                store.upsert(batch)
+            seconds = time.perf_counter() - started
+            if index == "after":
+                out["index_build_s"] = store.build_pending_index()
+                out["index_build_settings"] = BUILD_SETTINGS
+        finally:
+            store.close()
+        out[name] = {"rows": rows, "write_s": seconds, "rows_per_s": rows / seconds}
+        print(
+            f"  COPY path, {name.replace('_', ' ')}, {count} writer(s): "
+            f"{rows / seconds:,.0f} rows/s"
+        )
+    print(f"  index build after the load: {out['index_build_s']:.1f} s")
     return out
 
 
@@ -242,20 +250,26 @@ def end_to_end(
     out: Path,
     timeout_s: float,
     writers: int,
+    index: Literal["streaming", "after"],
 ) -> dict[str, Any]:
+    """Start a ``kembed sink`` on the pre-published results and a fresh table; poll the
+    table until the last row is there (and, in bulk mode, until its index exists)."""
+    table = f"bench_e2e_{index}"
     env = {
         **os.environ,
         "KEMBED_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "KEMBED_SINK_TARGET": pg.dsn,
         "KEMBED_SINK_TARGET_PASSWORD": pg.password,
-        "KEMBED_SINK_TABLE": "bench_e2e",
+        "KEMBED_SINK_TABLE": table,
+        "KEMBED_SINK_INDEX": index,
+        "KEMBED_SINK_INDEX_BUILD_IDLE_S": "1",
         "KEMBED_SINK_RESULTS_TOPIC": TOPIC,
-        "KEMBED_SINK_GROUP_ID": "loadtest-sink",
+        "KEMBED_SINK_GROUP_ID": f"loadtest-sink-{index}",
         "KEMBED_SINK_HTTP_PORT": "0",
         "KEMBED_SINK_LOG_FORMAT": "json",
         "KEMBED_SINK_WRITERS": str(writers),
     }
-    log = (out / "sink.log").open("ab")
+    log = (out / f"sink-{index}.log").open("ab")
     started = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "worker.cli", "sink"], cwd=ROOT, env=env, stdout=log, stderr=log
@@ -270,21 +284,36 @@ def end_to_end(
                 if time.perf_counter() - started > timeout_s:
                     raise RuntimeError(f"{count} of {expected_rows} rows after {timeout_s} s")
                 time.sleep(0.1)
-                exists = conn.execute("SELECT to_regclass('bench_e2e')").fetchone()
+                exists = conn.execute("SELECT to_regclass(%s)", [table]).fetchone()
                 if exists == (None,):
                     continue
-                row = conn.execute("SELECT count(*) FROM bench_e2e").fetchone()
+                row = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
+                ).fetchone()
                 count = row[0] if row else 0
                 if count and first is None:
                     first = time.perf_counter()
-        last = time.perf_counter()
+            last = indexed = time.perf_counter()
+            while index == "after":
+                found = conn.execute(
+                    "SELECT 1 FROM pg_indexes WHERE tablename = %s AND indexdef LIKE '%%hnsw%%'",
+                    [table],
+                ).fetchone()
+                indexed = time.perf_counter()
+                if found:
+                    break
+                if process.poll() is not None or indexed - started > timeout_s:
+                    raise RuntimeError(f"no index on {table}: see {log.name}")
+                time.sleep(0.2)
     finally:
         process.terminate()
         process.wait(60)
         log.close()
     assert first is not None
     return {
+        "index": index,
         "rows": expected_rows,
+        "seconds_to_index": indexed - last,
         "seconds_from_start": last - started,
         "rows_per_s_from_start": expected_rows / (last - started),
         "seconds_first_to_last": last - first,
@@ -296,11 +325,12 @@ def end_to_end(
 
 
 def _report(figures: dict[str, Any]) -> str:
-    b, e = figures["breakdown"], figures["end_to_end"]
+    b = figures["breakdown"]
     rows = b["rows"]
     former = b["former_with_index"]["rows_per_s"]
     streaming = b["with_index"]["rows_per_s"]
     one_writer = b["with_index_1_writer"]["rows_per_s"]
+    subset = b["former_with_index"]["rows"]
     w = b["writers"]
     bulk = b["without_index"]["rows_per_s"]
     lines = [
@@ -309,15 +339,22 @@ def _report(figures: dict[str, Any]) -> str:
         f"`python -m loadtest.sink {' '.join(figures['argv'])}`".replace("  ", " "),
         "",
         f"{figures['results']} results x {figures['rows_per_result']} rows, "
-        f"{figures['dim']} dimensions, float32; PostgreSQL + pgvector {figures['pgvector']}.",
+        f"{figures['dim']} dimensions, float32; PostgreSQL + pgvector {figures['pgvector']} "
+        f"(shared_buffers {figures['shared_buffers']}), {os.cpu_count()} CPUs.",
         "",
         f"## End to end (`kembed sink` process, {figures['writers']} writers, results "
-        "pre-published, HNSW index present)",
+        "pre-published)",
         "",
-        f"- {e['rows']:,} rows in {e['seconds_from_start']:.1f} s from the sink's start: "
-        f"**{e['rows_per_s_from_start']:,.0f} rows/s**",
-        f"- first row to last row: {e['seconds_first_to_last']:.1f} s, "
-        f"**{e['rows_per_s_first_to_last']:,.0f} rows/s**",
+        "| index | rows | s from start | rows/s from start | s first to last row "
+        "| rows/s first to last | index build after the last row (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *(
+            f"| {e['index']} | {e['rows']:,} | {e['seconds_from_start']:.1f} "
+            f"| **{e['rows_per_s_from_start']:,.0f}** | {e['seconds_first_to_last']:.1f} "
+            f"| {e['rows_per_s_first_to_last']:,.0f} | "
+            + (f"{e['seconds_to_index']:.1f} |" if e["index"] == "after" else "- |")
+            for e in (figures["end_to_end_streaming"], figures["end_to_end_after"])
+        ),
         "",
         f"## Breakdown, in process ({rows:,} rows, batches of {b['batch_rows']:,} rows)",
         "",
@@ -326,21 +363,22 @@ def _report(figures: dict[str, Any]) -> str:
         f"| decode (msgpack, schemas) | {b['decode_s']:.2f} | {rows / b['decode_s']:,.0f} |",
         f"| row building (sink.rows) | {b['rows_s']:.2f} | {rows / b['rows_s']:,.0f} |",
         f"| binary COPY encoding | {b['copy_encode_s']:.2f} | {rows / b['copy_encode_s']:,.0f} |",
-        f"| write, HNSW index present, 1 writer | {b['with_index_1_writer']['write_s']:.2f} "
-        f"| {one_writer:,.0f} |",
-        f"| write, HNSW index present, {w} writers (streaming) "
+        f"| write, HNSW index present, 1 writer (first {subset:,} rows) "
+        f"| {b['with_index_1_writer']['write_s']:.2f} | {one_writer:,.0f} |",
+        f"| write, HNSW index present, {w} writers (first {subset:,} rows) "
         f"| {b['with_index']['write_s']:.2f} | {streaming:,.0f} |",
         f"| write, no index, {w} writers (bulk load) | {b['without_index']['write_s']:.2f} "
         f"| {bulk:,.0f} |",
         f"| index build after the bulk load | {b['index_build_s']:.2f} | "
         f"{rows / b['index_build_s']:,.0f} |",
-        f"| former write path, index present ({b['former_with_index']['rows']:,} rows) "
+        f"| former write path, index present (first {subset:,} rows) "
         f"| {b['former_with_index']['write_s']:.2f} | {former:,.0f} |",
         "",
-        f"- COPY path vs former path, index present: **{streaming / former:.1f}x** "
-        f"({w} writers), {one_writer / former:.1f}x (1 writer)",
-        f"- index maintenance: {1 - b['without_index']['write_s'] / b['with_index']['write_s']:.0%}"
-        " of the streaming write time",
+        f"- COPY path vs former path, index present, on the same first {subset:,} rows: "
+        f"**{streaming / former:.1f}x** ({w} writers), {one_writer / former:.1f}x "
+        "(1 writer)",
+        f"- index maintenance: {1 - streaming / bulk:.0%} of the streaming write time "
+        f"(rows/s with the index, {w} writers, vs without it)",
         f"- bulk load + one index build: "
         f"{rows / (b['without_index']['write_s'] + b['index_build_s']):,.0f} rows/s overall "
         f"(build settings: {', '.join(f'{k}={v}' for k, v in b['index_build_settings'].items())})",
@@ -360,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--baseline-results",
         type=int,
-        default=16,
-        help="results the former (slow) write path writes, for the ratio",
+        default=32,
+        help="results written with the index present by the former path, the new path "
+        "with one writer and with --writers (the ratios)",
     )
     parser.add_argument(
         "--writers",
@@ -387,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
             version = conn.execute("SELECT extversion FROM pg_extension WHERE extname='vector'")
             figures["pgvector"] = (version.fetchone() or ("?",))[0]
+            buffers = conn.execute("SHOW shared_buffers").fetchone()
+            figures["shared_buffers"] = (buffers or ("?",))[0]
         print("breakdown (in process):")
         figures["breakdown"] = breakdown(
             pg, messages, args.dim, args.batch_results, args.baseline_results, args.writers
@@ -397,15 +438,20 @@ def main(argv: list[str] | None = None) -> int:
         ]
         with LocalKafka(Path(tmp) / "kafka", topics=topics) as kafka:
             asyncio.run(_publish(kafka.bootstrap_servers, messages))
-            print("end to end (kembed sink process):")
-            figures["end_to_end"] = end_to_end(
-                kafka, pg, args.results * args.rows, out, args.timeout, args.writers
-            )
-    e = figures["end_to_end"]
-    print(
-        f"  {e['rows_per_s_from_start']:,.0f} rows/s from start, "
-        f"{e['rows_per_s_first_to_last']:,.0f} rows/s first to last row"
-    )
+            for index in ("streaming", "after"):
+                print(f"end to end (kembed sink process, index={index}):")
+                e = figures[f"end_to_end_{index}"] = end_to_end(
+                    kafka, pg, args.results * args.rows, out, args.timeout, args.writers, index
+                )
+                print(
+                    f"  {e['rows_per_s_from_start']:,.0f} rows/s from start, "
+                    f"{e['rows_per_s_first_to_last']:,.0f} rows/s first to last row"
+                    + (
+                        f", index built {e['seconds_to_index']:.1f} s later"
+                        if index == "after"
+                        else ""
+                    )
+                )
     (out / "report.json").write_text(json.dumps(figures, indent=2) + "\n")
     (out / "report.md").write_text(_report(figures))
     print(f"report: {out / 'report.md'}")

@@ -1,7 +1,8 @@
 """``kembed sink``: consume results, upsert their vectors into a database, commit offsets.
 
 One loop, one batch at a time: poll up to ``max_batch_results`` results, decode them into
-rows (``sink.rows``), write all rows in one transaction (``VectorStore.upsert``), send what
+rows (``sink.rows``), write all rows (``VectorStore.upsert``: one transaction, or one per
+Postgres writer over disjoint ids), send what
 cannot be written to the dead-letter topic (acknowledged), and only then commit the
 batch's offsets. A crash anywhere before the commit replays the batch, and the upsert by
 id makes the replay harmless: the end state is exact.
@@ -374,6 +375,8 @@ class Sink:
         owns at lag 0, no result written) for ``index_build_idle_s``; then the pending
         index is built, once. The build holds up polling: a build longer than
         max_poll_interval_ms costs a rebalance, harmless with every offset committed."""
+        if not self._index_pending:
+            return
         owned = self._source.assignment()
         lag = self._source.lag()
         if not owned or not self._table_exists or any(lag.get(tp) != 0 for tp in owned):
@@ -470,7 +473,7 @@ class Sink:
     async def _write(
         self, good: list[tuple[Record, RowsOf]], dead: list[tuple[Record, Refused]]
     ) -> list[tuple[Record, RowsOf]]:
-        """Write every good result's rows in one transaction; the results written."""
+        """Write every good result's rows (one upsert); the results written."""
         if not good:
             return []
         # A key's results can come from several partitions, in any order: the newest wins.

@@ -10,14 +10,18 @@ The table (created if absent)::
     updated_at  timestamptz NOT NULL     -- when the row was last written
 
 with an HNSW index on ``vector`` for the chosen metric (``vector_ip_ops``,
-``vector_cosine_ops`` or ``vector_l2_ops``). A batch is one transaction: its rows go
-by one binary ``COPY`` (pgvector's binary form for the vectors) into a temporary staging
-table, then one ``INSERT ... SELECT ... ON CONFLICT (id) DO UPDATE ... WHERE stored
-requested_ms <= new`` moves them into the table: replaying a batch changes nothing but
-``updated_at``, and a result older than the row (processed late: it came on another
-partition) leaves the row alone. The staging table (one per connection, ``ON COMMIT
-DELETE ROWS``) is empty outside a batch's transaction. A table made by a sink that predates
-``requested_ms`` gets the column (0 for its rows) at start-up.
+``vector_cosine_ops`` or ``vector_l2_ops``), made at creation, or (bulk mode,
+``index="after"``) left pending, noted in the table's comment, and built by
+``build_pending_index`` once the load is done. A batch's rows go by one binary ``COPY``
+(pgvector's binary form for the vectors) into a temporary staging table, then one ``INSERT
+... SELECT ... ON CONFLICT (id) DO UPDATE ... WHERE stored requested_ms <= new`` moves
+them into the table: replaying a batch changes nothing but ``updated_at``, and a result
+older than the row (processed late: it came on another partition) leaves the row alone.
+With ``writers`` > 1 the batch's (deduplicated, so disjoint) ids are split between that
+many connections, each its share in its own transaction, in parallel: HNSW inserts are
+CPU-bound in the server, and parallel backends use its cores. The staging table (one per
+connection, ``ON COMMIT DELETE ROWS``) is empty outside a transaction. A table made by a
+sink that predates ``requested_ms`` gets the column (0 for its rows) at start-up.
 """
 
 from __future__ import annotations
