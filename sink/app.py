@@ -295,8 +295,9 @@ class Sink:
         self._table_exists = table_dim is not None
         self._dim = table_dim or settings.dim
         self._written_any = False
-        # Bulk mode: an index may be pending until the sink has been caught up for a while.
-        self._index_pending = settings.index == "after" and isinstance(store, IndexBuilder)
+        # Bulk mode: an index may be pending until the sink has been caught up for a while
+        # (in either mode: a sink restarted with index=streaming builds it all the same).
+        self._index_pending = isinstance(store, IndexBuilder)
         self._caught_up_since: float | None = None
         self._stopping = asyncio.Event()
         self._busy = asyncio.Lock()

@@ -69,8 +69,8 @@ class SinkSettings(BaseSettings):
     index_build_idle_s: float = Field(
         30.0,
         ge=0,
-        description="index=after: how long the sink must have been caught up before it "
-        "builds the index (the load is taken as done).",
+        description="How long the sink must have been caught up before it builds an index "
+        "a bulk load (index=after) left pending: the load is taken as done.",
     )
     index_build_memory_mb: int = Field(
         1024,

@@ -517,3 +517,21 @@ async def test_bulk_mode_builds_the_index_once_when_caught_up_for_the_idle_time(
 def test_bulk_mode_is_for_postgres_targets_only() -> None:
     with pytest.raises(ValueError, match="Postgres targets only"):
         SinkSettings.model_validate({"target": "milvus:///tmp/x.db", "index": "after"})
+
+
+async def test_a_pending_index_is_built_in_streaming_mode_too() -> None:
+    """A sink restarted with index=streaming on a bulk-loaded table still builds it."""
+    log = Log()
+    sink = Sink(
+        source=LaggingSource(log, lag=0),
+        publisher=FakePublisher(log),
+        store=BulkStore(log, dim=3),
+        settings=SinkSettings.model_validate(
+            {"target": "postgresql://u@h/db", "index_build_idle_s": 0}
+        ),
+        metrics=SinkMetrics(),
+        executor=ThreadPoolExecutor(1),
+        table_dim=3,
+    )
+    await sink._build_index_when_done()
+    assert log.calls == [("build_index", True)]
