@@ -1,7 +1,8 @@
 """``kembed sink``: consume results, upsert their vectors into a database, commit offsets.
 
 One loop, one batch at a time: poll up to ``max_batch_results`` results, decode them into
-rows (``sink.rows``), write all rows in one transaction (``VectorStore.upsert``), send what
+rows (``sink.rows``), write all rows (``VectorStore.upsert``: one transaction, or one per
+Postgres writer over disjoint ids), send what
 cannot be written to the dead-letter topic (acknowledged), and only then commit the
 batch's offsets. A crash anywhere before the commit replays the batch, and the upsert by
 id makes the replay harmless: the end state is exact.
@@ -34,6 +35,7 @@ from sink.rows import DIMENSION_MISMATCH, Refused, Row, RowsOf, newest, rows_of
 from sink.settings import SinkSettings
 from sink.store import (
     DimensionMismatchError,
+    IndexBuilder,
     Metric,
     RowsRefusedError,
     TargetError,
@@ -82,7 +84,15 @@ def make_store(settings: SinkSettings) -> VectorStore:
     if spec.kind == "postgres":
         from sink.postgres import PostgresStore
 
-        return PostgresStore(spec, settings.table, **options)
+        return PostgresStore(
+            spec,
+            settings.table,
+            writers=settings.writers,
+            index=settings.index,
+            index_build_memory_mb=settings.index_build_memory_mb,
+            index_build_workers=settings.index_build_workers,
+            **options,
+        )
     from sink.milvus import MilvusStore
 
     return MilvusStore(spec, settings.table, **options)
@@ -285,6 +295,10 @@ class Sink:
         self._table_exists = table_dim is not None
         self._dim = table_dim or settings.dim
         self._written_any = False
+        # Bulk mode: an index may be pending until the sink has been caught up for a while
+        # (in either mode: a sink restarted with index=streaming builds it all the same).
+        self._index_pending = isinstance(store, IndexBuilder)
+        self._caught_up_since: float | None = None
         self._stopping = asyncio.Event()
         self._busy = asyncio.Lock()
         self._batch_started: float | None = None
@@ -328,6 +342,10 @@ class Sink:
                         await self._batch(records)  # commits all pending offsets
                     elif self._pending:  # a commit failed (a rebalance): again after a poll
                         await self._commit()
+                    elif self._index_pending:
+                        await self._build_index_when_done()
+                if records:
+                    self._caught_up_since = None
             self._raise_fatal()
         except BaseException as exc:
             self._failure = exc
@@ -352,6 +370,35 @@ class Sink:
 
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
         log.info("partitions.assigned", partitions=_names(partitions))
+
+    async def _build_index_when_done(self) -> None:
+        """Bulk mode: the load is done when the sink has been caught up (every partition it
+        owns at lag 0, no result written) for ``index_build_idle_s``; then the pending
+        index is built, once. The build holds up polling: a build longer than
+        max_poll_interval_ms costs a rebalance, harmless with every offset committed."""
+        if not self._index_pending:
+            return
+        owned = self._source.assignment()
+        lag = self._source.lag()
+        if not owned or not self._table_exists or any(lag.get(tp) != 0 for tp in owned):
+            self._caught_up_since = None
+            return
+        now = time.monotonic()
+        since = self._caught_up_since = self._caught_up_since or now
+        if now - since < self._settings.index_build_idle_s:
+            return
+        assert isinstance(self._store, IndexBuilder)
+        builder = self._store
+        log.info("sink.caught_up", table=self._store.name, index="building the pending index")
+        # Not a batch for /health: a large build may rightly outlast health_stuck_batch_s.
+        seconds = await _retrying(
+            lambda: self._in_db(builder.build_pending_index),
+            self._settings.write_retry_s,
+            "sink.index_build",
+        )
+        self._index_pending = False
+        if seconds is None:
+            log.info("sink.index_present", table=self._store.name)
 
     # ------------------------------------------------------------------ one batch
 
@@ -427,7 +474,7 @@ class Sink:
     async def _write(
         self, good: list[tuple[Record, RowsOf]], dead: list[tuple[Record, Refused]]
     ) -> list[tuple[Record, RowsOf]]:
-        """Write every good result's rows in one transaction; the results written."""
+        """Write every good result's rows (one upsert); the results written."""
         if not good:
             return []
         # A key's results can come from several partitions, in any order: the newest wins.

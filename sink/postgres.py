@@ -10,24 +10,35 @@ The table (created if absent)::
     updated_at  timestamptz NOT NULL     -- when the row was last written
 
 with an HNSW index on ``vector`` for the chosen metric (``vector_ip_ops``,
-``vector_cosine_ops`` or ``vector_l2_ops``). A batch is one transaction of
-``INSERT ... ON CONFLICT (id) DO UPDATE ... WHERE stored requested_ms <= new``: replaying
-it changes nothing but ``updated_at``, and a result older than the row (processed late: it
-came on another partition) leaves the row alone. A table made by a sink that predates
-``requested_ms`` gets the column (0 for its rows) at start-up.
+``vector_cosine_ops`` or ``vector_l2_ops``), made at creation, or (bulk mode,
+``index="after"``) left pending, noted in the table's comment, and built by
+``build_pending_index`` once the load is done. A batch's rows go by one binary ``COPY``
+(pgvector's binary form for the vectors) into a temporary staging table, then one ``INSERT
+... SELECT ... ON CONFLICT (id) DO UPDATE ... WHERE stored requested_ms <= new`` moves
+them into the table: replaying a batch changes nothing but ``updated_at``, and a result
+older than the row (processed late: it came on another partition) leaves the row alone.
+With ``writers`` > 1 the batch's (deduplicated, so disjoint) ids are split between that
+many connections, each its share in its own transaction, in parallel: HNSW inserts are
+CPU-bound in the server, and parallel backends use its cores. The staging table (one per
+connection, ``ON COMMIT DELETE ROWS``) is empty outside a transaction. A table made by a
+sink that predates ``requested_ms`` gets the column (0 for its rows) at start-up.
 """
 
 from __future__ import annotations
 
+import json
+import struct
+import time
 from collections.abc import Sequence
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Literal
 
+import numpy as np
 import psycopg
 import structlog
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
-from sink.rows import Row
+from sink.rows import Row, newest
 from sink.store import (
     DimensionMismatchError,
     Metric,
@@ -37,7 +48,7 @@ from sink.store import (
 )
 from sink.targets import TargetSpec, scrub
 
-__all__ = ["HNSW_MAX_DIM", "PostgresStore"]
+__all__ = ["HNSW_MAX_DIM", "PostgresStore", "copy_data"]
 
 log = structlog.get_logger("kembed.sink")
 
@@ -50,6 +61,21 @@ _OPS: dict[Metric, str] = {
     "l2": "vector_l2_ops",
 }
 _COLUMNS = {"id", "vector", "metadata", "model", "updated_at"}
+_PENDING = "kembed: hnsw index pending, "
+"""A table comment: bulk mode created the table without its index, to build with this
+operator class once the load is done."""
+_STAGING = "kembed_sink_staging"
+"""The temporary table a batch is copied into (in the connection's own pg_temp schema)."""
+
+# PostgreSQL's binary COPY format: a signature, flags and header-extension length; each
+# row a field count, then each field's byte length and bytes; -1 as the trailer.
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+_COPY_TRAILER = struct.pack(">h", -1)
+_FIELDS = struct.pack(">h", 5)  # id, vector, metadata, model, requested_ms
+_BIGINT = struct.pack(">i", 8)
+_JSONB_VERSION = b"\x01"  # jsonb's binary form: a version byte, then the JSON text
+MIN_WRITER_ROWS = 256
+"""A batch is split between writers only into parts of at least this many rows."""
 
 
 class PostgresStore:
@@ -61,13 +87,28 @@ class PostgresStore:
         connect_timeout_s: float = 10.0,
         hnsw_m: int = 16,
         hnsw_ef_construction: int = 64,
+        writers: int = 1,
+        index: Literal["streaming", "after"] = "streaming",
+        index_build_memory_mb: int = 1024,
+        index_build_workers: int = 4,
     ) -> None:
+        if writers < 1:
+            raise ValueError("writers must be at least 1")
         self._spec = spec
         self._table_name = table
         self._table = sql.Identifier(*table.split("."))
         self._connect_timeout_s = connect_timeout_s
         self._hnsw = (hnsw_m, hnsw_ef_construction)
+        self._index_after = index == "after"
+        self._build_settings = {
+            "maintenance_work_mem": f"{index_build_memory_mb}MB",
+            "max_parallel_maintenance_workers": str(index_build_workers),
+        }
         self._conn: psycopg.Connection[Any] | None = None
+        # Writers 1.. have their own connections (writer 0 uses _conn), opened when needed.
+        self._extra: list[psycopg.Connection[Any] | None] = [None] * (writers - 1)
+        self._staging_on: dict[int, psycopg.Connection[Any]] = {}  # writer: its staging's
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def name(self) -> str:
@@ -77,9 +118,13 @@ class PostgresStore:
 
     def open(self) -> None:
         self.close()
+        self._conn = self._connect()
+        self._ensure_pgvector()
+
+    def _connect(self) -> psycopg.Connection[Any]:
         password = self._spec.password.get_secret_value() if self._spec.password else None
         try:
-            self._conn = psycopg.connect(
+            return psycopg.connect(
                 self._spec.uri,
                 password=password,
                 connect_timeout=max(1, round(self._connect_timeout_s)),
@@ -90,20 +135,40 @@ class PostgresStore:
             raise TransientWriteError(self._describe("cannot connect", exc)) from None
         except psycopg.Error as exc:
             raise TargetError(self._describe("cannot connect", exc)) from None
-        self._ensure_pgvector()
 
     def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
+        for writer in range(len(self._extra) + 1):
+            self._close_writer(writer)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _close_writer(self, writer: int) -> None:
+        conn = self._conn if writer == 0 else self._extra[writer - 1]
+        if writer == 0:
+            self._conn = None
+        else:
+            self._extra[writer - 1] = None
+        self._staging_on.pop(writer, None)
+        if conn is not None:
+            conn.close()
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
             self.open()
         assert self._conn is not None
         return self._conn
+
+    def _writer_connection(self, writer: int) -> psycopg.Connection[Any]:
+        """A writer's connection, reconnected alone if lost (the others may be writing)."""
+        conn = self._conn if writer == 0 else self._extra[writer - 1]
+        if conn is None or conn.closed:
+            conn = self._connect()
+            if writer == 0:
+                self._conn = conn
+            else:
+                self._extra[writer - 1] = conn
+        return conn
 
     def _ensure_pgvector(self) -> None:
         conn = self._connection()
@@ -167,7 +232,6 @@ class PostgresStore:
                     ).format(table=self._table)
                 )
             return
-        m, ef_construction = self._hnsw
         with conn.transaction():
             conn.execute(
                 sql.SQL(
@@ -180,19 +244,15 @@ class PostgresStore:
                     "updated_at timestamptz NOT NULL DEFAULT now())"
                 ).format(table=self._table, dim=sql.Literal(dim))
             )
-            if dim <= HNSW_MAX_DIM:
+            if dim <= HNSW_MAX_DIM and self._index_after:
+                # Bulk mode: the index is built once the load is done; the table says which.
                 conn.execute(
-                    sql.SQL(
-                        "CREATE INDEX IF NOT EXISTS {index} ON {table} USING hnsw "
-                        "(vector {ops}) WITH (m = {m}, ef_construction = {ef})"
-                    ).format(
-                        index=sql.Identifier(self._index_name()),
-                        table=self._table,
-                        ops=sql.SQL(_OPS[metric]),
-                        m=sql.Literal(m),
-                        ef=sql.Literal(ef_construction),
+                    sql.SQL("COMMENT ON TABLE {table} IS {note}").format(
+                        table=self._table, note=sql.Literal(_PENDING + _OPS[metric])
                     )
                 )
+            elif dim <= HNSW_MAX_DIM:
+                conn.execute(self._index_statement(_OPS[metric]))
         if dim > HNSW_MAX_DIM:
             log.warning(
                 "sink.no_index",
@@ -201,7 +261,62 @@ class PostgresStore:
                 reason=f"pgvector's HNSW indexes vector columns of up to {HNSW_MAX_DIM} "
                 "dimensions; queries will scan the table",
             )
-        log.info("sink.table_created", table=self._table_name, dim=dim, metric=metric)
+        log.info(
+            "sink.table_created",
+            table=self._table_name,
+            dim=dim,
+            metric=metric,
+            index="after the load" if self._index_after else "hnsw",
+        )
+
+    def _index_statement(self, ops: str) -> sql.Composed:
+        m, ef_construction = self._hnsw
+        return sql.SQL(
+            "CREATE INDEX IF NOT EXISTS {index} ON {table} USING hnsw "
+            "(vector {ops}) WITH (m = {m}, ef_construction = {ef})"
+        ).format(
+            index=sql.Identifier(self._index_name()),
+            table=self._table,
+            ops=sql.SQL(ops),
+            m=sql.Literal(m),
+            ef=sql.Literal(ef_construction),
+        )
+
+    def pending_index(self) -> str | None:
+        """The operator class of the HNSW index a bulk load left to build, if any."""
+        conn = self._connection()
+        regclass = self._table.as_string(conn)
+        row = conn.execute(
+            "SELECT obj_description(to_regclass(%s), 'pg_class')", [regclass]
+        ).fetchone()
+        note = row[0] if row else None
+        if not isinstance(note, str) or not note.startswith(_PENDING):
+            return None
+        ops = note.removeprefix(_PENDING)
+        if ops not in _OPS.values():
+            raise TargetError(f"table {self._table_name!r}: unknown pending index {note!r}")
+        return ops
+
+    def build_pending_index(self) -> float | None:
+        """Build the pending HNSW index in one transaction (with the session settings that
+        make pgvector's build fast), and clear the table's note. Writes wait meanwhile."""
+        try:
+            ops = self.pending_index()
+            if ops is None:
+                return None
+            conn = self._connection()
+            started = time.monotonic()
+            with conn.transaction():
+                for name, value in self._build_settings.items():
+                    conn.execute("SELECT set_config(%s, %s, true)", [name, value])
+                conn.execute(self._index_statement(ops))
+                conn.execute(sql.SQL("COMMENT ON TABLE {table} IS NULL").format(table=self._table))
+            seconds = time.monotonic() - started
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            self.close()
+            raise TransientWriteError(self._describe("index build failed", exc)) from None
+        log.info("sink.index_built", table=self._table_name, seconds=round(seconds, 2))
+        return seconds
 
     def _index_name(self) -> str:
         return f"{self._table_name.split('.')[-1]}_vector_hnsw"[:63]
@@ -209,34 +324,118 @@ class PostgresStore:
     # ------------------------------------------------------------------ writing
 
     def upsert(self, rows: Sequence[Row]) -> None:
-        statement = sql.SQL(
-            "INSERT INTO {table} (id, vector, metadata, model, requested_ms, updated_at) "
-            "VALUES (%s, %s::vector, %s, %s, %s, now()) "
+        # One row per id: INSERT ... ON CONFLICT may not touch a row twice in one command,
+        # and writers must hold disjoint ids. The sink hands over a batch deduplicated this
+        # way already; the results it writes one by one (to find a refused one) may repeat
+        # a key within a result.
+        unique = newest(rows)
+        parts = max(1, min(len(self._extra) + 1, len(unique) // MIN_WRITER_ROWS))
+        if parts == 1:
+            self._write(0, unique)
+            return
+        size = -(-len(unique) // parts)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(len(self._extra), thread_name_prefix="kembed-pg")
+        futures: list[Future[None]] = [
+            self._pool.submit(self._write, writer, unique[writer * size : (writer + 1) * size])
+            for writer in range(1, parts)
+        ]
+        errors: list[BaseException] = []
+        try:
+            self._write(0, unique[:size])
+        except Exception as exc:  # noqa: BLE001 (weighed with the other writers' below)
+            errors.append(exc)
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                errors.append(error)
+        # Anything unexpected first (fatal), then a transient failure (all is retried),
+        # then refused rows (the sink looks for the culprit): every part is idempotent.
+        if errors:
+            errors.sort(key=_severity)
+            raise errors[0]
+
+    def _write(self, writer: int, rows: Sequence[Row]) -> None:
+        """One transaction on one writer's connection: COPY ``rows`` into the staging
+        table, then move them into the table under the version rule."""
+        move = sql.SQL(
+            "INSERT INTO {table} AS t (id, vector, metadata, model, requested_ms, updated_at) "
+            "SELECT id, vector, metadata, model, requested_ms, now() FROM {staging} "
             "ON CONFLICT (id) DO UPDATE SET vector = EXCLUDED.vector, "
             "metadata = EXCLUDED.metadata, model = EXCLUDED.model, "
             "requested_ms = EXCLUDED.requested_ms, updated_at = EXCLUDED.updated_at "
-            "WHERE {table}.requested_ms <= EXCLUDED.requested_ms"
-        ).format(table=self._table)
-        params = [
-            (row.id, vector_literal(row), Jsonb(row.metadata), row.model, row.requested_ms)
-            for row in rows
-        ]
+            "WHERE t.requested_ms <= EXCLUDED.requested_ms"
+        ).format(table=self._table, staging=sql.Identifier(_STAGING))
+        copy = sql.SQL(
+            "COPY {staging} (id, vector, metadata, model, requested_ms) FROM STDIN "
+            "WITH (FORMAT BINARY)"
+        ).format(staging=sql.Identifier(_STAGING))
+        data = copy_data(rows)
         try:
-            conn = self._connection()
+            conn = self._writer_connection(writer)
+            self._ensure_staging(writer, conn)
             with conn.transaction(), conn.cursor() as cursor:
-                cursor.executemany(statement, params)
+                with cursor.copy(copy) as pipe:
+                    pipe.write(data)
+                cursor.execute(move)
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            self.close()  # reconnect on the next try
+            self._close_writer(writer)  # reconnect on the next try
             raise TransientWriteError(self._describe("write failed", exc)) from None
         except psycopg.DataError as exc:
             raise RowsRefusedError(self._describe("rows refused", exc)) from None
+
+    def _ensure_staging(self, writer: int, conn: psycopg.Connection[Any]) -> None:
+        """The connection's staging table: an unconstrained ``vector`` column, so a vector
+        of another dimension fails at the INSERT into the table (a DataError, rows refused)
+        as it would have failed writing there directly."""
+        if self._staging_on.get(writer) is conn:
+            return
+        conn.execute(
+            sql.SQL(
+                "CREATE TEMPORARY TABLE IF NOT EXISTS {staging} (id text NOT NULL, "
+                "vector vector NOT NULL, metadata jsonb NOT NULL, model text NOT NULL, "
+                "requested_ms bigint NOT NULL) ON COMMIT DELETE ROWS"
+            ).format(staging=sql.Identifier(_STAGING))
+        )
+        self._staging_on[writer] = conn
 
     def _describe(self, what: str, exc: BaseException) -> str:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return scrub(f"{what} ({self._spec.display}): {type(exc).__name__}: {detail}", self._spec)
 
 
-def vector_literal(row: Row) -> str:
-    """pgvector's text form of the row's vector. Python's repr of each float32 value (as a
-    double) reads back to the same float32, so the stored vector is exactly the result's."""
-    return "[" + ",".join(map(repr, row.vector.tolist())) + "]"
+def _severity(error: BaseException) -> int:
+    if isinstance(error, RowsRefusedError):
+        return 2
+    return 1 if isinstance(error, TransientWriteError) else 0
+
+
+def copy_data(rows: Sequence[Row]) -> bytes:
+    """``rows`` in PostgreSQL's binary COPY format, for the columns (id text, vector
+    vector, metadata jsonb, model text, requested_ms bigint). A vector is pgvector's binary
+    form: its dimension and a zero (two int16), then its float32 values, all big-endian;
+    the values are the row's float32 values bit for bit."""
+    parts = [_COPY_HEADER]
+    append = parts.append
+    pack_len = struct.Struct(">i").pack
+    pack_bigint = struct.Struct(">q").pack
+    pack_dim = struct.Struct(">ihh").pack
+    for row in rows:
+        key = row.id.encode("utf-8")
+        values = np.ascontiguousarray(row.vector, dtype=">f4").tobytes()
+        metadata = _JSONB_VERSION + json.dumps(row.metadata).encode("utf-8")
+        model = row.model.encode("utf-8")
+        dim = len(values) // 4
+        append(_FIELDS)
+        append(pack_len(len(key)))
+        append(key)
+        append(pack_dim(4 + len(values), dim, 0))
+        append(values)
+        append(pack_len(len(metadata)))
+        append(metadata)
+        append(pack_len(len(model)))
+        append(model)
+        append(_BIGINT)
+        append(pack_bigint(row.requested_ms))
+    append(_COPY_TRAILER)
+    return b"".join(parts)

@@ -58,6 +58,43 @@ class SinkSettings(BaseSettings):
     hnsw_ef_construction: int = Field(
         64, ge=4, le=1000, description="HNSW index: candidate list size while building."
     )
+    index: Literal["streaming", "after"] = Field(
+        "streaming",
+        description="Postgres: when a table the sink creates gets its HNSW index. "
+        "streaming: at creation, every row is indexed as it is written. after (bulk mode, "
+        "for initial loads): the table is created without it and the sink builds it once, "
+        "when it has been caught up (lag 0, no new result) for index_build_idle_s; rows "
+        "load many times faster, and searches scan the table until the index is built.",
+    )
+    index_build_idle_s: float = Field(
+        30.0,
+        ge=0,
+        description="How long the sink must have been caught up before it builds an index "
+        "a bulk load (index=after) left pending: the load is taken as done.",
+    )
+    index_build_memory_mb: int = Field(
+        1024,
+        ge=64,
+        description="index=after: maintenance_work_mem of the index build (pgvector builds "
+        "far faster when the graph fits).",
+    )
+    index_build_workers: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="index=after: max_parallel_maintenance_workers of the index build "
+        "(the server's max_parallel_workers caps it).",
+    )
+    writers: int = Field(
+        4,
+        ge=1,
+        le=32,
+        description="Postgres: connections that write a batch's rows in parallel, each its "
+        "share of the ids in its own transaction (an HNSW index makes each row's insert "
+        "CPU-bound: parallel writers use the database's cores). The offsets are committed "
+        "once every share is written; a replay after a failure in between is harmless. 1: "
+        "one transaction per batch.",
+    )
 
     # ------------------------------------------------------------------ Kafka topics, group
     results_topic: str = Field(
@@ -151,6 +188,8 @@ class SinkSettings(BaseSettings):
             )
         if len(parts) == 2 and self.target_spec().kind != "postgres":
             raise ValueError("table: a schema-qualified name is for Postgres targets only")
+        if self.index == "after" and self.target_spec().kind != "postgres":
+            raise ValueError("index: after (bulk mode) is for Postgres targets only")
         return self
 
     def target_spec(self) -> TargetSpec:

@@ -8,12 +8,13 @@ probes, metrics scrapes go on).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from sink.rows import Row
 
 __all__ = [
     "DimensionMismatchError",
+    "IndexBuilder",
     "Metric",
     "RowsRefusedError",
     "TargetError",
@@ -79,3 +80,14 @@ class VectorStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class IndexBuilder(Protocol):
+    """A store that can load a table without its vector index and build it afterwards
+    (Postgres' bulk mode, ``index=after``)."""
+
+    def build_pending_index(self) -> float | None:
+        """Build the index a bulk load left pending: the seconds the build took, or None
+        when no index is pending (none was deferred, or it was built already)."""
+        ...

@@ -130,6 +130,29 @@ def test_loadtest_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
         assert (out / name).stat().st_size > 0
 
 
+def test_sink_benchmark_small_run_writes_a_complete_report(tmp_path: Path) -> None:
+    """`python -m loadtest.sink` at small sizes (its own PostgreSQL and broker) loads every
+    row in both modes end to end and writes its report; figures are never asserted."""
+    out = tmp_path / "sink"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "loadtest.sink", "--results", "4", "--rows", "128"),
+            *("--baseline-results", "2", "--batch-results", "2", "--out", str(out)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    for index in ("streaming", "after"):
+        assert report[f"end_to_end_{index}"]["rows"] == 512
+    assert report["breakdown"]["rows"] == 512
+    assert report["breakdown"]["index_build_s"] is not None
+    assert (out / "report.md").stat().st_size > 0
+
+
 def test_soak_short_run_answers_everything_and_reports_memory(tmp_path: Path) -> None:
     """`python -m loadtest.soak` (here 15 s instead of 10 min) answers every interactive and
     bulk request without error and writes its report and RSS plot."""

@@ -787,3 +787,73 @@ def test_two_versions_of_a_key_in_one_batch_keep_the_newer(
     assert rows == {
         doc: (newer, {"version": 2_000}, 2_000) for doc in ("doc-1", "doc-2", "doc-3", "doc-4")
     }
+
+
+# ------------------------------------------------------------------ bulk mode
+
+
+def test_bulk_mode_builds_the_index_once_the_sink_has_caught_up(
+    kafka: LocalKafka, postgres: LocalPostgres, tmp_path: Path
+) -> None:
+    """index=after: the sink creates the table without its HNSW index, loads the results
+    already on the topic, and builds the index once it has been caught up for
+    index_build_idle_s; a search through the index then finds each document itself."""
+    topic, group = "embed.results.bulk-index", "sink-bulk-index"
+    create_topics(kafka, topic)
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((4, 64, 16)).astype("<f4")
+    vectors /= np.linalg.norm(vectors, axis=2, keepdims=True)
+    values = [
+        encode_result(
+            EmbedResult(
+                id=f"bulk-{r}",
+                model="m",
+                dim=16,
+                vectors=vectors[r].tobytes(),
+                tokens=(3,) * 64,
+                keys=tuple(f"doc-{r}-{i}" for i in range(64)),
+                requested_ms=1_000 + r,
+            )
+        )
+        for r in range(4)
+    ]
+
+    async def produce() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+        await producer.start()
+        try:
+            for r, value in enumerate(values):
+                await producer.send_and_wait(topic, value, partition=r % 4)
+        finally:
+            await producer.stop()
+
+    asyncio.run(produce())
+    settings = {
+        **pg_settings(postgres, "bulk_index", topic, group),
+        "index": "after",
+        "index_build_idle_s": 1,
+    }
+    sink = start_sink(kafka, tmp_path / "sink.log", **settings)
+    try:
+        asyncio.run(wait_drained(kafka.bootstrap_servers, topic, group, len(values), sink))
+        deadline = time.monotonic() + 60
+        while not [e for e in sink.events() if e.get("event") == "sink.index_built"]:
+            assert time.monotonic() < deadline, "no sink.index_built event"
+            time.sleep(0.3)
+    finally:
+        assert sink.stop() == 0
+    created = [e for e in sink.events() if e.get("event") == "sink.table_created"]
+    assert [e["index"] for e in created] == ["after the load"]
+    assert len([e for e in sink.events() if e.get("event") == "sink.index_built"]) == 1
+    with psycopg.connect(postgres.dsn, password=postgres.password) as conn:
+        assert conn.execute("SELECT count(*) FROM bulk_index").fetchone() == (256,)
+        assert conn.execute(
+            "SELECT obj_description('bulk_index'::regclass, 'pg_class')"
+        ).fetchone() == (None,)
+        conn.execute("SET enable_seqscan = off")
+        for r, i in ((0, 0), (1, 17), (3, 63)):
+            literal = "[" + ",".join(map(repr, vectors[r, i].tolist())) + "]"
+            query = "SELECT id FROM bulk_index ORDER BY vector <#> %s::vector LIMIT 1"
+            plan = " ".join(row[0] for row in conn.execute("EXPLAIN " + query, [literal]))
+            assert "bulk_index_vector_hnsw" in plan
+            assert conn.execute(query, [literal]).fetchone() == (f"doc-{r}-{i}",)

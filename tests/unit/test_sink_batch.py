@@ -464,3 +464,74 @@ async def test_a_fatal_commit_failure_at_revocation_stops_the_batch_loop() -> No
         ("commit_failed", "CommitFailedError"),
         ("commit_failed", "TopicAuthorizationFailedError"),
     ]
+
+
+class BulkStore(FakeStore):
+    """A store in bulk mode: an index is pending until built."""
+
+    def __init__(self, log: Log, dim: int | None = None) -> None:
+        super().__init__(log, dim)
+        self.pending = True
+
+    def build_pending_index(self) -> float | None:
+        self.log.calls.append(("build_index", self.pending))
+        was, self.pending = self.pending, False
+        return 1.5 if was else None
+
+
+class LaggingSource(FakeSource):
+    def __init__(self, log: Log, lag: int) -> None:
+        super().__init__(log)
+        self.lag_value = lag
+
+    def lag(self) -> dict[TopicPartition, int]:
+        return dict.fromkeys(self.assignment(), self.lag_value)
+
+
+async def test_bulk_mode_builds_the_index_once_when_caught_up_for_the_idle_time() -> None:
+    log = Log()
+    store = BulkStore(log, dim=3)
+    source = LaggingSource(log, lag=5)
+    sink = Sink(
+        source=source,
+        publisher=FakePublisher(log),
+        store=store,
+        settings=SinkSettings.model_validate(
+            {"target": "postgresql://u@h/db", "index": "after", "index_build_idle_s": 0.05}
+        ),
+        metrics=SinkMetrics(),
+        executor=ThreadPoolExecutor(1),
+        table_dim=3,
+    )
+    await sink._build_index_when_done()  # behind: no build
+    source.lag_value = 0
+    await sink._build_index_when_done()  # caught up from now on
+    assert log.calls == []
+    await asyncio.sleep(0.06)
+    await sink._build_index_when_done()
+    await asyncio.sleep(0.06)
+    await sink._build_index_when_done()  # once only
+    assert log.calls == [("build_index", True)]
+
+
+def test_bulk_mode_is_for_postgres_targets_only() -> None:
+    with pytest.raises(ValueError, match="Postgres targets only"):
+        SinkSettings.model_validate({"target": "milvus:///tmp/x.db", "index": "after"})
+
+
+async def test_a_pending_index_is_built_in_streaming_mode_too() -> None:
+    """A sink restarted with index=streaming on a bulk-loaded table still builds it."""
+    log = Log()
+    sink = Sink(
+        source=LaggingSource(log, lag=0),
+        publisher=FakePublisher(log),
+        store=BulkStore(log, dim=3),
+        settings=SinkSettings.model_validate(
+            {"target": "postgresql://u@h/db", "index_build_idle_s": 0}
+        ),
+        metrics=SinkMetrics(),
+        executor=ThreadPoolExecutor(1),
+        table_dim=3,
+    )
+    await sink._build_index_when_done()
+    assert log.calls == [("build_index", True)]
