@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -807,30 +807,9 @@ class LocalKafka:
             raise RuntimeError("LocalKafka.grant() needs a broker started with scram_users")
         if not self.running:
             raise RuntimeError("LocalKafka.grant() needs a started broker")
-        if (topic is None) == (group is None):
-            raise ValueError("grant() takes exactly one of topic= or group=")
-        resource_type, name = ("topic", topic) if topic is not None else ("group", group)
-        assert name is not None
-        unknown = [op for op in operations if op.lower() not in OPERATIONS]
-        if unknown or not operations:
-            raise ValueError(f"operations must be some of {sorted(OPERATIONS)}, not {unknown}")
-        bindings = [
-            AclBinding(
-                principal if ":" in principal else f"User:{principal}",
-                resource_type,
-                name,
-                operation.lower(),
-                "prefixed" if prefixed else "literal",
-            )
-            for operation in operations
-        ]
-        admin = self.client_config()
-
-        async def bounded() -> None:
-            async with asyncio.timeout(timeout):
-                await create_acls_async(self.bootstrap_servers, admin, bindings)
-
-        run_sync(bounded)
+        self._change_acls(
+            "grant", create_acls_async, principal, operations, topic, group, prefixed, timeout
+        )
 
     def revoke(
         self,
@@ -847,15 +826,35 @@ class LocalKafka:
         only."""
         if not self.secured or not self.running:
             raise RuntimeError("LocalKafka.revoke() needs a started broker with scram_users")
+        self._change_acls(
+            "revoke", delete_acls_async, principal, operations, topic, group, prefixed, timeout
+        )
+
+    def _change_acls(
+        self,
+        name: str,
+        change: Callable[[str, Mapping[str, Any], Sequence[AclBinding]], Awaitable[None]],
+        principal: str,
+        operations: Sequence[str],
+        topic: str | None,
+        group: str | None,
+        prefixed: bool,
+        timeout: float,
+    ) -> None:
+        """Apply ``change`` (create or delete) to the bindings of ``principal``'s
+        ``operations`` on one topic or one group."""
         if (topic is None) == (group is None):
-            raise ValueError("revoke() takes exactly one of topic= or group=")
-        resource_type, name = ("topic", topic) if topic is not None else ("group", group)
-        assert name is not None
+            raise ValueError(f"{name}() takes exactly one of topic= or group=")
+        resource_type, resource = ("topic", topic) if topic is not None else ("group", group)
+        assert resource is not None
+        unknown = [op for op in operations if op.lower() not in OPERATIONS]
+        if unknown or not operations:
+            raise ValueError(f"operations must be some of {sorted(OPERATIONS)}, not {unknown}")
         bindings = [
             AclBinding(
                 principal if ":" in principal else f"User:{principal}",
                 resource_type,
-                name,
+                resource,
                 operation.lower(),
                 "prefixed" if prefixed else "literal",
             )
@@ -865,7 +864,7 @@ class LocalKafka:
 
         async def bounded() -> None:
             async with asyncio.timeout(timeout):
-                await delete_acls_async(self.bootstrap_servers, admin, bindings)
+                await change(self.bootstrap_servers, admin, bindings)
 
         run_sync(bounded)
 

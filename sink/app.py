@@ -42,7 +42,7 @@ from sink.store import (
     TransientWriteError,
     VectorStore,
 )
-from worker.kafka.commit_errors import FatalCommitError, commit_error_hint, commit_error_is_fatal
+from worker.kafka.commit_errors import CommitFailures, FatalCommitError, commit_error_hint
 from worker.kafka.publisher import KafkaPublisher
 from worker.kafka.security import client_options
 from worker.kafka.source import KafkaSource
@@ -305,13 +305,9 @@ class Sink:
         self._pending: dict[TopicPartition, int] = {}
         self._failure: BaseException | None = None
         self._fatal: FatalCommitError | None = None  # met where it cannot be raised
-        self._commits_failing_since: float | None = None
-        # A rebalance ends within the rebalance timeout (max.poll.interval.ms); commits that
-        # keep failing "because the group rebalanced" for longer than that (and a session)
-        # mean the sink never gets back in, e.g. every batch outlasts max_poll_interval_ms.
-        self._commit_failures_s = (
-            settings.max_poll_interval_ms + settings.session_timeout_ms
-        ) / 1000
+        self._commit_failures = CommitFailures.of_group(
+            settings.max_poll_interval_ms, settings.session_timeout_ms, "the sink"
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -561,23 +557,14 @@ class Sink:
         offsets = {tp: o for tp, o in self._pending.items() if tp in self._source.assignment()}
         if not offsets:
             self._pending.clear()
-            self._commits_failing_since = None
+            self._commit_failures.succeeded()
             return
         try:
             await self._source.commit(offsets)
         except Exception as exc:
-            if commit_error_is_fatal(exc):
-                raise FatalCommitError.of(exc) from exc
-            now = time.monotonic()
-            since = self._commits_failing_since = self._commits_failing_since or now
-            if now - since > self._commit_failures_s:
-                raise FatalCommitError(
-                    "commit",
-                    f"offset commits have failed for {now - since:.0f} s, longer than a "
-                    f"rebalance may take (last: {commit_error_hint(exc)}): the sink does not "
-                    "get back into its group (does every batch outlast max_poll_interval_ms?)",
-                    type(exc).__name__,
-                ) from exc
+            fatal = self._commit_failures.failed(exc)
+            if fatal is not None:
+                raise fatal from exc
             log.warning(
                 "commit.failed",
                 error=type(exc).__name__,
@@ -586,7 +573,7 @@ class Sink:
             )
             return
         self._pending.clear()
-        self._commits_failing_since = None
+        self._commit_failures.succeeded()
 
     def _raise_fatal(self) -> None:
         if self._fatal is not None:

@@ -30,7 +30,7 @@ from typing import Protocol
 import structlog
 
 from schemas.headers import CORRELATION_ID
-from worker.kafka.commit_errors import FatalCommitError, commit_error_hint, commit_error_is_fatal
+from worker.kafka.commit_errors import CommitFailures, commit_error_hint
 from worker.offsets import OffsetTracker
 from worker.ports import (
     Publisher,
@@ -142,9 +142,7 @@ def make_delivery(
         retry_for_s=retry_for_s,
         on_retry=on_retry,
         on_dead_letter=on_dead_letter,
-        # A rebalance ends within the rebalance timeout (max_poll_interval_ms); commits
-        # failing "because of a rebalance" for longer than that and a session mean the
-        # worker does not get back in (e.g. a twin keeps fencing its group instance id).
+        # How long rebalance failures may last: worker.kafka.commit_errors.CommitFailures.
         give_up_after_s=(settings.max_poll_interval_ms + settings.session_timeout_ms) / 1000,
     )
 
@@ -191,8 +189,7 @@ class AtLeastOnce:
         self._tracker = tracker
         self._interval = commit_interval_s
         self._on_fatal = on_fatal
-        self._give_up_after = give_up_after_s
-        self._failing_since: float | None = None  # time.monotonic() of the first failure
+        self._commit_failures = CommitFailures(give_up_after_s, "the worker")
         self._failed: BaseException | None = None
         self._committed: dict[TopicPartition, int] = {}
 
@@ -234,23 +231,12 @@ class AtLeastOnce:
         except Exception as exc:  # noqa: BLE001 (a rebalance passes; anything else is fatal)
             self._commit_failed(exc, offsets)
             return
-        self._failing_since = None
+        self._commit_failures.succeeded()
         self._committed.update(offsets)
 
     def _commit_failed(self, exc: Exception, offsets: Mapping[TopicPartition, int]) -> None:
-        now = time.monotonic()
-        since = self._failing_since = self._failing_since or now
-        if commit_error_is_fatal(exc):
-            fatal = FatalCommitError.of(exc)
-        elif now - since > self._give_up_after:
-            fatal = FatalCommitError(
-                "commit",
-                f"offset commits have failed for {now - since:.0f} s, longer than a rebalance "
-                f"may take (last: {commit_error_hint(exc)}): the worker does not get back "
-                "into its group",
-                type(exc).__name__,
-            )
-        else:
+        fatal = self._commit_failures.failed(exc)
+        if fatal is None:
             log.warning(
                 "commit.failed",
                 error=type(exc).__name__,
@@ -260,7 +246,6 @@ class AtLeastOnce:
             return
         # Logged once, by the worker as it stops (kafka.authorization_failed or
         # kafka.commit_failed); /health fails from now on.
-        fatal.__cause__ = exc
         self._failed = fatal
         self._on_fatal(fatal)
 

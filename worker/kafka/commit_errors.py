@@ -51,11 +51,13 @@ missing ACL found at start-up: one error event, exit status 1).
 
 from __future__ import annotations
 
+import time
+
 from aiokafka import errors as kafka_errors
 
 from worker.ports import KafkaAccessError
 
-__all__ = ["FatalCommitError", "commit_error_hint", "commit_error_is_fatal"]
+__all__ = ["CommitFailures", "FatalCommitError", "commit_error_hint", "commit_error_is_fatal"]
 
 _REBALANCE: tuple[type[BaseException], ...] = (
     kafka_errors.CommitFailedError,
@@ -130,3 +132,46 @@ class FatalCommitError(KafkaAccessError):
         """The error to raise for ``exc``, a failure :func:`commit_error_is_fatal` judged fatal."""
         kind = "authorization" if isinstance(exc, _AUTHORIZATION) else "commit"
         return cls(kind, commit_error_hint(exc), type(exc).__name__)
+
+
+class CommitFailures:
+    """A consumer's commit failures over time. A failure :func:`commit_error_is_fatal`
+    judges fatal is fatal at once; benign ones (a rebalance) become fatal when they go on
+    for longer than ``give_up_after_s``: a rebalance ends within the rebalance timeout
+    (``max_poll_interval_ms``), so commits still failing "because the group rebalanced"
+    after that and a session mean the consumer never gets back in (a twin fencing its
+    group instance id, or every batch outlasting ``max_poll_interval_ms``)."""
+
+    def __init__(self, give_up_after_s: float, consumer: str) -> None:
+        self._give_up_after = give_up_after_s
+        self._consumer = consumer  # "the worker", "the sink": for the reason
+        self._since: float | None = None  # time.monotonic() of the first failure in a row
+
+    @classmethod
+    def of_group(
+        cls, max_poll_interval_ms: int, session_timeout_ms: int, consumer: str
+    ) -> CommitFailures:
+        """Failures judged against the group timeouts of a consumer's settings."""
+        return cls((max_poll_interval_ms + session_timeout_ms) / 1000, consumer)
+
+    def succeeded(self) -> None:
+        self._since = None
+
+    def failed(self, exc: BaseException) -> FatalCommitError | None:
+        """The error to stop with for ``exc``, or None if the commit is to be retried."""
+        if commit_error_is_fatal(exc):
+            fatal = FatalCommitError.of(exc)
+        else:
+            now = time.monotonic()
+            since = self._since = self._since or now
+            if now - since <= self._give_up_after:
+                return None
+            fatal = FatalCommitError(
+                "commit",
+                f"offset commits have failed for {now - since:.0f} s, longer than a rebalance "
+                f"may take (last: {commit_error_hint(exc)}): {self._consumer} does not get "
+                "back into its group (does every batch outlast max_poll_interval_ms?)",
+                type(exc).__name__,
+            )
+        fatal.__cause__ = exc
+        return fatal
