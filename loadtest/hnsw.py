@@ -47,7 +47,7 @@ from sink.rows import Row
 from sink.settings import SinkSettings
 from sink.targets import parse_target
 
-__all__ = ["Config", "main", "texts_for"]
+__all__ = ["Config", "cached_model_vectors", "main", "texts_for"]
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -103,6 +103,19 @@ def embed(texts: list[str]) -> np.ndarray:
     model = SentenceTransformer(str(resolve_model_dir(MODEL)), device="cpu")
     vectors = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
     return np.asarray(vectors, dtype=np.float32)
+
+
+def cached_model_vectors(count: int) -> np.ndarray:
+    """The model's vectors of ``texts_for(count)``, fp32, normalized; cached under
+    ``loadtest/reports/.cache`` (embedding 51,200 texts takes minutes on 2 cores)."""
+    cache = ROOT / "loadtest" / "reports" / ".cache" / f"stsb-minilm-{count}.npy"
+    if cache.exists():
+        return np.asarray(np.load(cache), dtype=np.float32)
+    print(f"embedding {count:,} texts (sentence-transformers, fp32; cached in {cache}) ...")
+    vectors = embed(texts_for(count))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.save(cache, vectors)
+    return vectors
 
 
 def random_vectors(count: int, dim: int = 384, seed: int = 0) -> np.ndarray:
@@ -306,11 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "loadtest" / "reports" / time.strftime("hnsw-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     total = args.texts + args.queries
-    if args.random:
-        everything = random_vectors(total)
-    else:
-        print(f"embedding {total:,} texts (sentence-transformers, fp32) ...", flush=True)
-        everything = embed(texts_for(total))
+    everything = random_vectors(total) if args.random else cached_model_vectors(total)
     vectors, queries = everything[: args.texts], everything[args.texts :]
     chosen = configs(args.writers)
     if args.only is not None:

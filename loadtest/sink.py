@@ -44,6 +44,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from pydantic import SecretStr
 
+from loadtest.hnsw import cached_model_vectors
 from schemas import EmbedResult, decode_result, encode_result
 from scripts.kafka_local import LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
@@ -63,22 +64,6 @@ BUILD_SETTINGS = {
     "maintenance_work_mem": f"{BUILD_MEMORY_MB}MB",
     "max_parallel_maintenance_workers": str(BUILD_WORKERS),
 }
-
-
-def model_vectors(count: int) -> np.ndarray:
-    """The model's vectors of ``count`` STS-B texts (``loadtest.hnsw.texts_for``), fp32,
-    normalized; cached under ``loadtest/reports/.cache`` (embedding 51,200 texts takes
-    minutes on 2 cores)."""
-    from loadtest.hnsw import embed, texts_for
-
-    cache = ROOT / "loadtest" / "reports" / ".cache" / f"stsb-minilm-{count}.npy"
-    if cache.exists():
-        return np.asarray(np.load(cache), dtype=np.float32)
-    print(f"embedding {count:,} texts (sentence-transformers, fp32; cached in {cache}) ...")
-    vectors = embed(texts_for(count))
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    np.save(cache, vectors)
-    return vectors
 
 
 def make_results(
@@ -450,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out or ROOT / "loadtest" / "reports" / time.strftime("sink-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    real = model_vectors(args.results * args.rows) if args.vectors == "model" else None
+    real = cached_model_vectors(args.results * args.rows) if args.vectors == "model" else None
     if real is not None:
         args.dim = real.shape[1]
     messages = make_results(args.results, args.rows, args.dim, vectors=real)
