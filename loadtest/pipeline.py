@@ -49,14 +49,13 @@ import psycopg
 from psycopg import sql
 
 from loadtest.hnsw import MODEL, texts_for
-from scripts.kafka_local import LocalKafka, TopicSpec
+from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
 from scripts.worker_process import WorkerProcess
 
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUESTS, BULK = "pipeline.requests", "pipeline.requests.bulk"
 M, EF = 16, 64
 MILVUS_CHUNK = 1000
 _UPSERTED = re.compile(r"^kembed_sink_rows_upserted_total\{[^}]*\} (\S+)$", re.M)
@@ -213,6 +212,7 @@ def _cpu_s(pid: int) -> float:
 def kembed_run(
     kafka: LocalKafka,
     worker: WorkerProcess,
+    bulk_topic: str,
     target: str,
     target_env: dict[str, str],
     docs: Path,
@@ -254,7 +254,7 @@ def kembed_run(
                 "--reply-to",
                 results,
                 "--topic",
-                BULK,
+                bulk_topic,
                 "--bootstrap-servers",
                 kafka.bootstrap_servers,
                 "--quiet",
@@ -400,12 +400,15 @@ def main(argv: list[str] | None = None) -> int:
         with docs.open("w", encoding="utf-8") as f:
             for i, text in enumerate(texts):
                 f.write(json.dumps({"id": str(i), "text": text}) + "\n")
-        topics = [TopicSpec(REQUESTS, 2), TopicSpec(BULK, 4)]
-        with LocalKafka(Path(tmp) / "kafka", topics=topics) as kafka:
+        with LocalKafka(Path(tmp) / "kafka", topics=DEFAULT_TOPICS) as kafka:
             for dtype in args.dtype:
+                # Each worker its own topics: a new group must not find the requests of
+                # the one before.
+                requests, bulk = f"pipeline.{dtype}.requests", f"pipeline.{dtype}.requests.bulk"
+                kafka.create_topics([TopicSpec(requests, 2), TopicSpec(bulk, 4)])
                 settings: dict[str, Any] = {
-                    "requests_topic": REQUESTS,
-                    "bulk_topic": BULK,
+                    "requests_topic": requests,
+                    "bulk_topic": bulk,
                     "group_id": f"pipeline-{dtype}",
                 }
                 settings.update(item.split("=", 1) for item in args.worker)
@@ -417,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 try:
                     worker.wait_ready(600)
-                    loaded = worker.wait_for("model.loaded", timeout=0)
+                    loaded = worker.wait_for("model.loaded", timeout=10)
                     figures["workers"][dtype] = {
                         k: loaded.get(k) for k in ("dtype", "compiled", "model")
                     }
@@ -431,7 +434,16 @@ def main(argv: list[str] | None = None) -> int:
                         else:
                             env = {"KEMBED_SINK_TARGET": f"milvus://{Path(tmp) / tag}.db"}
                         run = kembed_run(
-                            kafka, worker, target, env, docs, len(texts), tag, out, args.timeout
+                            kafka,
+                            worker,
+                            bulk,
+                            target,
+                            env,
+                            docs,
+                            len(texts),
+                            tag,
+                            out,
+                            args.timeout,
                         )
                         if target == "pgvector":
                             run["table_rows"] = _pg_count(pg, f"docs_{tag}")
