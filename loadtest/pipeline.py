@@ -221,7 +221,7 @@ def kembed_run(
     out: Path,
     timeout: float,
 ) -> dict[str, Any]:
-    results = f"pipeline.docs.{tag}"
+    results = f"embed.results.pipeline-{tag}"  # what the workers may reply to by default
     kafka.create_topics([TopicSpec(results, 4), TopicSpec(f"{results}.dlq", 1)])
     sink = SinkProcess(
         {
@@ -269,6 +269,8 @@ def kembed_run(
                 raise RuntimeError(f"{rows:.0f} of {count} rows after {timeout} s ({tag})")
             if sink.process.poll() is not None:
                 raise RuntimeError(f"the sink exited: see {sink.log_path}")
+            if worker.process.poll() is not None:
+                raise RuntimeError(f"the worker exited: see {worker.log_path}")
             if submitted is None and ingest.poll() is not None:
                 if ingest.returncode != 0:
                     raise RuntimeError(f"kembed ingest failed: see {ingest_log.name}")
