@@ -44,6 +44,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from pydantic import SecretStr
 
+from loadtest.hnsw import cached_model_vectors
 from schemas import EmbedResult, decode_result, encode_result
 from scripts.kafka_local import LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
@@ -65,14 +66,22 @@ BUILD_SETTINGS = {
 }
 
 
-def make_results(results: int, rows: int, dim: int, seed: int = 0) -> list[bytes]:
-    """``results`` encoded results of ``rows`` unit vectors each, keys ``doc-<n>``."""
+def make_results(
+    results: int, rows: int, dim: int, seed: int = 0, vectors: np.ndarray | None = None
+) -> list[bytes]:
+    """``results`` encoded results of ``rows`` unit vectors each, keys ``doc-<n>``: random
+    unit vectors (the hardest case for an HNSW index: no structure), or rows of
+    ``vectors`` (the model's, of real texts) in order."""
     rng = np.random.default_rng(seed)
     now_ms = int(time.time() * 1000)
     out = []
     for r in range(results):
-        vectors = rng.standard_normal((rows, dim)).astype(np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        if vectors is not None:
+            part = vectors[r * rows : (r + 1) * rows]
+            dim = part.shape[1]
+        else:
+            part = rng.standard_normal((rows, dim)).astype(np.float32)
+            part /= np.linalg.norm(part, axis=1, keepdims=True)
         keys = tuple(f"doc-{r * rows + i}" for i in range(rows))
         docs = [{"source": "loadtest", "n": r * rows + i} for i in range(rows)]
         out.append(
@@ -81,7 +90,7 @@ def make_results(results: int, rows: int, dim: int, seed: int = 0) -> list[bytes
                     id=f"req-{r}",
                     model=MODEL,
                     dim=dim,
-                    vectors=vectors.astype("<f4").tobytes(),
+                    vectors=part.astype("<f4").tobytes(),
                     tokens=(12,) * rows,
                     keys=keys,
                     meta={"corpus": "loadtest", "docs": docs},
@@ -339,7 +348,13 @@ def _report(figures: dict[str, Any]) -> str:
         f"`python -m loadtest.sink {' '.join(figures['argv'])}`".replace("  ", " "),
         "",
         f"{figures['results']} results x {figures['rows_per_result']} rows, "
-        f"{figures['dim']} dimensions, float32; PostgreSQL + pgvector {figures['pgvector']} "
+        f"{figures['dim']} dimensions, float32, "
+        + (
+            "the model's vectors of STS-B texts"
+            if figures.get("vectors") == "model"
+            else "random unit vectors"
+        )
+        + f"; PostgreSQL + pgvector {figures['pgvector']} "
         f"(shared_buffers {figures['shared_buffers']}), {os.cpu_count()} CPUs.",
         "",
         f"## End to end (`kembed sink` process, {figures['writers']} writers, results "
@@ -408,18 +423,29 @@ def main(argv: list[str] | None = None) -> int:
         default=SinkSettings.model_fields["writers"].default,
         help="the sink's writers setting (parallel Postgres connections)",
     )
+    parser.add_argument(
+        "--vectors",
+        choices=["random", "model"],
+        default="random",
+        help="random unit vectors (the hardest case for HNSW), or the model's vectors of "
+        "STS-B texts (what a sink writes; cached after the first run)",
+    )
     parser.add_argument("--timeout", type=float, default=600, help="end to end time limit (s)")
     parser.add_argument("--out", type=Path, default=None, help="report folder")
     args = parser.parse_args(argv)
     out = args.out or ROOT / "loadtest" / "reports" / time.strftime("sink-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    messages = make_results(args.results, args.rows, args.dim)
+    real = cached_model_vectors(args.results * args.rows) if args.vectors == "model" else None
+    if real is not None:
+        args.dim = real.shape[1]
+    messages = make_results(args.results, args.rows, args.dim, vectors=real)
     figures: dict[str, Any] = {
         "argv": sys.argv[1:] if argv is None else argv,
         "results": args.results,
         "rows_per_result": args.rows,
         "dim": args.dim,
         "writers": args.writers,
+        "vectors": args.vectors,
     }
     with tempfile.TemporaryDirectory(prefix="kembed-sinkbench-") as tmp, LocalPostgres() as pg:
         with _connect(pg) as conn:

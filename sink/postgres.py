@@ -14,9 +14,12 @@ with an HNSW index on ``vector`` for the chosen metric (``vector_ip_ops``,
 ``index="after"``) left pending, noted in the table's comment, and built by
 ``build_pending_index`` once the load is done. A batch's rows go by one binary ``COPY``
 (pgvector's binary form for the vectors) into a temporary staging table, then one ``INSERT
-... SELECT ... ON CONFLICT (id) DO UPDATE ... WHERE stored requested_ms <= new`` moves
-them into the table: replaying a batch changes nothing but ``updated_at``, and a result
-older than the row (processed late: it came on another partition) leaves the row alone.
+... SELECT ... ON CONFLICT (id) DO UPDATE ... WHERE`` the stored version is older, or equal
+with other content, moves them into the table: a result older than the row (processed
+late: it came on another partition) leaves the row alone, and so does a replay (the same
+version, the same vector, metadata and model). A row left alone costs no new row version
+and no HNSW insert (an update of a row with a 384-dimension vector is rarely HOT: the page
+has no room), so replaying a batch after a crash is cheap and does not grow the index.
 With ``writers`` > 1 the batch's (deduplicated, so disjoint) ids are split between that
 many connections, each its share in its own transaction, in parallel: HNSW inserts are
 CPU-bound in the server, and parallel backends use its cores. The staging table (one per
@@ -364,7 +367,10 @@ class PostgresStore:
             "ON CONFLICT (id) DO UPDATE SET vector = EXCLUDED.vector, "
             "metadata = EXCLUDED.metadata, model = EXCLUDED.model, "
             "requested_ms = EXCLUDED.requested_ms, updated_at = EXCLUDED.updated_at "
-            "WHERE t.requested_ms <= EXCLUDED.requested_ms"
+            "WHERE t.requested_ms < EXCLUDED.requested_ms "
+            "OR (t.requested_ms = EXCLUDED.requested_ms "
+            "AND (t.vector, t.metadata, t.model) IS DISTINCT FROM "
+            "(EXCLUDED.vector, EXCLUDED.metadata, EXCLUDED.model))"
         ).format(table=self._table, staging=sql.Identifier(_STAGING))
         copy = sql.SQL(
             "COPY {staging} (id, vector, metadata, model, requested_ms) FROM STDIN "

@@ -6,6 +6,7 @@ rule holds, replays are idempotent, refused rows and lost connections are classi
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,15 @@ def _table(conn: psycopg.Connection[Any], table: str) -> list[tuple[Any, ...]]:
     ).fetchall()
 
 
+def _row_versions(conn: psycopg.Connection[Any], table: str) -> dict[str, tuple[Any, ...]]:
+    """Each row's physical version (ctid, xmin) and updated_at: all unchanged when a write
+    left the row alone."""
+    query = sql.SQL("SELECT id, ctid::text, xmin::text, updated_at FROM {table}").format(
+        table=sql.Identifier(table)
+    )
+    return {r[0]: r[1:] for r in conn.execute(query).fetchall()}
+
+
 def _vectors(conn: psycopg.Connection[Any], table: str) -> dict[str, np.ndarray[Any, Any]]:
     """Each row's vector as float32, read in pgvector's binary form (bit for bit)."""
     out = {}
@@ -133,11 +143,17 @@ def test_an_older_row_never_replaces_a_newer_one_and_replays_are_idempotent(
         before = _table(conn, "write_versions")
         store.upsert(older)  # processed late: changes nothing
         assert _table(conn, "write_versions") == before
-        stamps = dict(conn.execute("SELECT id, updated_at FROM write_versions").fetchall())
-        store.upsert(newer)  # a replay: the same rows, written again
+        versions = _row_versions(conn, "write_versions")
+        store.upsert(newer)  # a replay: the same rows, the same version
         assert _table(conn, "write_versions") == before
-        again = dict(conn.execute("SELECT id, updated_at FROM write_versions").fetchall())
-        assert all(again[key] > stamps[key] for key in stamps)
+        # Left alone: no new row version (no HNSW insert), updated_at unchanged.
+        assert _row_versions(conn, "write_versions") == versions
+        # The same version with other content (the later of equal versions wins) is written.
+        changed = [replace(row, metadata={"n": -1}) for row in newer[:5]]
+        store.upsert(changed)
+        after = _row_versions(conn, "write_versions")
+        assert {k for k in after if after[k] != versions[k]} == {r.id for r in changed}
+        assert {r[0]: r[2] for r in _table(conn, "write_versions")}[newer[0].id] == {"n": -1}
         # A mix: some keys newer than stored, some older, some new.
         mixed = _rows(10, 3_000, seed=4) + _rows(10, 500, seed=5, prefix="fresh")
         store.upsert([*mixed, *_rows(50, 1_500, seed=6)[10:]])
