@@ -21,10 +21,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from loadtest import e2e
+from loadtest import cputime, e2e
 from loadtest.data import mixed_texts, stsb_sentences
 from loadtest.inprocess import InProcess, sentence_transformers_default
-from loadtest.report import write_report
+from loadtest.report import REFERENCE_RATE, write_report
 from producer_sdk import EmbedClient
 from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
 from scripts.worker_process import WorkerProcess
@@ -43,6 +43,7 @@ class Plan:
     duration: float
     backlog: int
     single: int
+    backlog_repeats: int  # runs of the backlog scenario at the reference rate (median kept)
 
 
 FULL = Plan(
@@ -55,8 +56,9 @@ FULL = Plan(
     10.0,
     20_416,
     200,
+    3,
 )
-QUICK = Plan(400, 100, 16, (1024, 2048), (5, 20), (10,), 2.0, 1_000, 20)
+QUICK = Plan(400, 100, 16, (1024, 2048), (5, 20), (10,), 2.0, 1_000, 20, 3)
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -102,6 +104,7 @@ def run_inprocess(
         key=lambda r: r["max_batch_tokens"],
     )
     tokens = sum(len(t.ids) for t in bench.tokenizer.encode(sentences))
+    cpu = inprocess_cpu(bench, sentences, knee["max_batch_tokens"])
     st = sentence_transformers_default(bench.model_dir, sentences, tokens)
     single = bench.single_latencies_ms(sentences, plan.single)
     return {
@@ -116,15 +119,35 @@ def run_inprocess(
         },
         "st_default": {"texts_per_s": st.texts_per_s, "tokens_per_s": st.tokens_per_s},
         "single_ms": percentiles(single),
+        "cpu": cpu,
+    }
+
+
+def inprocess_cpu(bench: InProcess, texts: list[str], max_batch_tokens: int) -> dict[str, Any]:
+    """This process's CPU time (all threads) for tokenizing, batching and encoding
+    ``texts`` in-process at the worker's batch budget: the baseline of the worker's CPU per
+    text, same texts, precision, compile setting and budget."""
+    me = {"inprocess": os.getpid()}
+    before = cputime.sample(me)
+    run = bench.throughput(texts, max_batch_tokens)
+    seconds = cputime.usage(before, cputime.sample(me))["inprocess"]
+    return {
+        "texts": len(texts),
+        "max_batch_tokens": max_batch_tokens,
+        "cpu_s": seconds,
+        "wall_s": run.seconds,
+        "cpu_ms_per_1000": cputime.cpu_ms_per_1000(seconds, len(texts)),
     }
 
 
 async def run_e2e(
-    plan: Plan, bootstrap: str, sentences: list[str], mixed: list[str]
+    plan: Plan, bootstrap: str, sentences: list[str], mixed: list[str], pids: dict[str, int]
 ) -> dict[str, Any]:
+    """``pids``: the processes whose CPU time the bulk runs account for (name -> pid)."""
     out: dict[str, Any] = {"bulk": {}, "interactive": {"alone": [], "with_backlog": []}}
     for name, texts in (("sentences", sentences), ("mixed", mixed)):
         with tqdm(total=len(texts), desc=f"bulk {name}", unit="text", leave=False) as bar:
+            before = cputime.sample(pids)
             run = await e2e.bulk(
                 bootstrap,
                 texts,
@@ -133,19 +156,34 @@ async def run_e2e(
                 reply_topic=BULK_RESULTS,
                 progress=bar.update,
             )
+            spent = cputime.usage(before, cputime.sample(pids))
         out["bulk"][name] = {
             "texts": run.texts,
             "seconds": run.seconds,
             "errors": run.errors,
             "texts_per_s": run.texts_per_s,
             "tokens_per_s": run.tokens_per_s,
+            "cpu": {
+                process: {
+                    "cpu_s": seconds,
+                    "cpu_ms_per_1000": cputime.cpu_ms_per_1000(seconds, run.texts),
+                }
+                for process, seconds in spent.items()
+            },
         }
     async with EmbedClient(bootstrap) as client:
         await client.embed(["warm-up"], timeout=60)
         for rate in tqdm(plan.rates, desc="interactive alone", leave=False):
             latencies = await e2e.interactive(client, sentences, rate, plan.duration)
             out["interactive"]["alone"].append({"rate": rate, **percentiles(latencies)})
-        for rate in tqdm(plan.loaded_rates, desc="interactive + backlog", leave=False):
+        # The backlog's tail latency varies from run to run: at the reference rate the
+        # scenario runs plan.backlog_repeats times and the report judges the median.
+        loaded = [
+            rate
+            for rate in plan.loaded_rates
+            for _ in range(plan.backlog_repeats if rate == REFERENCE_RATE else 1)
+        ]
+        for rate in tqdm(loaded, desc="interactive + backlog", leave=False):
             bulk = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -219,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
                 worker.wait_ready()
                 steps.update()
                 results["worker_settings"] = settings
+                assert kafka.pid is not None
+                pids = {"worker": worker.process.pid, "broker": kafka.pid, "client": os.getpid()}
                 results["e2e"] = asyncio.run(
-                    run_e2e(plan, kafka.bootstrap_servers, sentences, mixed)
+                    run_e2e(plan, kafka.bootstrap_servers, sentences, mixed, pids)
                 )
             finally:
                 worker.stop()
