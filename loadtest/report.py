@@ -205,6 +205,28 @@ def _cpu_lines(r: dict[str, Any]) -> list[str]:
         "",
         f"Worker / in-process: {worker_cpu_ratio(r):.3f} (in-process ran "
         f"{inproc['texts'] / inproc['wall_s']:.0f} texts/s while measured).",
+        "",
+        "Batch shapes of the same sentences (worker: bulk lane, from its metrics; "
+        "in-process: kembed's batcher with every text queued at once):",
+        "",
+        "| path | batches | rows per batch | padded tokens per batch | real / padded tokens |"
+        " encoder s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, shapes in (
+        ("worker", bulk["sentences"]["batches"]),
+        ("in-process", inproc["batches"]),
+    ):
+        encoder = inproc["wall_s"] if shapes["encoder_s"] is None else shapes["encoder_s"]
+        lines.append(
+            f"| {name} | {shapes['batches']:.0f} | {shapes['rows_per_batch']:.1f} | "
+            f"{shapes['padded_tokens_per_batch']:.0f} | {shapes['token_efficiency']:.3f} | "
+            f"{encoder:.1f} |"
+        )
+    lines += [
+        "",
+        "(encoder s: the worker's encoder time for the batches; in-process: the whole "
+        "tokenize + batch + encode time.)",
     ]
     return lines
 

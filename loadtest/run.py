@@ -15,13 +15,14 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from loadtest import cputime, e2e
+from loadtest import batches, cputime, e2e
 from loadtest.data import mixed_texts, stsb_sentences
 from loadtest.inprocess import InProcess, sentence_transformers_default
 from loadtest.report import REFERENCE_RATE, write_report
@@ -103,8 +104,10 @@ def run_inprocess(
         ),
         key=lambda r: r["max_batch_tokens"],
     )
-    tokens = sum(len(t.ids) for t in bench.tokenizer.encode(sentences))
+    lengths = [len(t.ids) for t in bench.tokenizer.encode(sentences)]
+    tokens = sum(lengths)
     cpu = inprocess_cpu(bench, sentences, knee["max_batch_tokens"])
+    cpu["batches"] = batches.replay(lengths, knee["max_batch_tokens"], 256).summary(tokens)
     st = sentence_transformers_default(bench.model_dir, sentences, tokens)
     single = bench.single_latencies_ms(sentences, plan.single)
     return {
@@ -140,13 +143,26 @@ def inprocess_cpu(bench: InProcess, texts: list[str], max_batch_tokens: int) -> 
     }
 
 
+def worker_batches(metrics_url: str) -> batches.BatchShapes:
+    """The worker's bulk-lane batch totals so far, from its /metrics."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        return batches.from_metrics(response.read().decode(), "bulk")
+
+
 async def run_e2e(
-    plan: Plan, bootstrap: str, sentences: list[str], mixed: list[str], pids: dict[str, int]
+    plan: Plan,
+    bootstrap: str,
+    sentences: list[str],
+    mixed: list[str],
+    pids: dict[str, int],
+    metrics_url: str,
 ) -> dict[str, Any]:
-    """``pids``: the processes whose CPU time the bulk runs account for (name -> pid)."""
+    """``pids``: the processes whose CPU time the bulk runs account for (name -> pid);
+    ``metrics_url``: the worker's /metrics, for the shapes of the batches it ran."""
     out: dict[str, Any] = {"bulk": {}, "interactive": {"alone": [], "with_backlog": []}}
     for name, texts in (("sentences", sentences), ("mixed", mixed)):
         with tqdm(total=len(texts), desc=f"bulk {name}", unit="text", leave=False) as bar:
+            shapes = worker_batches(metrics_url)
             before = cputime.sample(pids)
             run = await e2e.bulk(
                 bootstrap,
@@ -157,6 +173,7 @@ async def run_e2e(
                 progress=bar.update,
             )
             spent = cputime.usage(before, cputime.sample(pids))
+            shapes = worker_batches(metrics_url).minus(shapes)
         out["bulk"][name] = {
             "texts": run.texts,
             "seconds": run.seconds,
@@ -170,6 +187,7 @@ async def run_e2e(
                 }
                 for process, seconds in spent.items()
             },
+            "batches": shapes.summary(run.tokens),
         }
     async with EmbedClient(bootstrap) as client:
         await client.embed(["warm-up"], timeout=60)
@@ -260,7 +278,14 @@ def main(argv: list[str] | None = None) -> int:
                 assert kafka.pid is not None
                 pids = {"worker": worker.process.pid, "broker": kafka.pid, "client": os.getpid()}
                 results["e2e"] = asyncio.run(
-                    run_e2e(plan, kafka.bootstrap_servers, sentences, mixed, pids)
+                    run_e2e(
+                        plan,
+                        kafka.bootstrap_servers,
+                        sentences,
+                        mixed,
+                        pids,
+                        f"{worker.http_url}/metrics",
+                    )
                 )
             finally:
                 worker.stop()

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from loadtest.batches import BatchShapes, from_metrics, replay
 from loadtest.cputime import CpuSample, cpu_ms_per_1000, parse_stat_cpu_ticks, sample, usage
 from loadtest.report import backlog_reference, worker_cpu_ratio
 
@@ -83,3 +84,46 @@ def test_worker_cpu_ratio_divides_worker_by_in_process_cpu_per_text() -> None:
         "inprocess": {"cpu": {"cpu_ms_per_1000": 4222.0}},
     }
     assert worker_cpu_ratio(results) == pytest.approx(4920 / 4222)
+
+
+METRICS = """\
+# HELP kembed_batch_size Inputs per encoder batch; the count is the number of batches run.
+# TYPE kembed_batch_size histogram
+kembed_batch_size_bucket{lane="bulk",le="+Inf"} 4.0
+kembed_batch_size_count{lane="bulk"} 4.0
+kembed_batch_size_sum{lane="bulk"} 200.0
+kembed_batch_size_count{lane="interactive"} 9.0
+kembed_batch_size_sum{lane="interactive"} 9.0
+# HELP kembed_batch_padded_tokens Padded tokens per batch.
+# TYPE kembed_batch_padded_tokens histogram
+kembed_batch_padded_tokens_count{lane="bulk"} 4.0
+kembed_batch_padded_tokens_sum{lane="bulk"} 5000.0
+kembed_batch_padded_tokens_sum{lane="interactive"} 90.0
+# HELP kembed_inference_seconds Encoder time per batch.
+# TYPE kembed_inference_seconds histogram
+kembed_inference_seconds_count{lane="bulk"} 4.0
+kembed_inference_seconds_sum{lane="bulk"} 1.5
+"""
+
+
+def test_batch_totals_of_one_lane_are_read_from_the_metrics() -> None:
+    shapes = from_metrics(METRICS, "bulk")
+    assert shapes == BatchShapes(batches=4, rows=200, padded_tokens=5000, encoder_s=1.5)
+    earlier = BatchShapes(batches=1, rows=50, padded_tokens=1000, encoder_s=0.5)
+    summary = shapes.minus(earlier).summary(real_tokens=3000)
+    assert summary == {
+        "batches": 3,
+        "rows_per_batch": 50,
+        "padded_tokens_per_batch": 4000 / 3,
+        "token_efficiency": 0.75,
+        "encoder_s": 1.0,
+    }
+
+
+def test_replaying_the_batcher_counts_rows_and_padding() -> None:
+    # Budget 40 tokens: the four 10-token inputs fill one batch, the 12- and 8-token inputs
+    # go together (padded to 12), the lone 30-token input alone.
+    shapes = replay([10, 10, 10, 10, 12, 8, 30], max_batch_tokens=40, max_batch_size=8)
+    assert (shapes.batches, shapes.rows) == (3, 7)
+    assert shapes.padded_tokens == 40 + 24 + 30
+    assert shapes.summary(90)["token_efficiency"] == pytest.approx(90 / 94)
