@@ -192,7 +192,8 @@ def _cpu_lines(r: dict[str, Any]) -> list[str]:
         "CPU time of each whole process (all threads, from /proc/<pid>/stat) over the bulk "
         f"runs above; in-process: this process tokenizing, batching and encoding the same "
         f"{inproc['texts']} sentences at the worker's max_batch_tokens "
-        f"({inproc['max_batch_tokens']}). CPU-ms per 1,000 texts.",
+        f"({inproc['max_batch_tokens']}), just before and just after the worker's bulk "
+        "run (mean of the two). CPU-ms per 1,000 texts.",
         "",
         "| process | sentences | mixed (1 in 5 long) |",
         "| --- | --- | --- |",
@@ -200,8 +201,10 @@ def _cpu_lines(r: dict[str, Any]) -> list[str]:
     for process in bulk["sentences"]["cpu"]:
         per = [bulk[name]["cpu"][process]["cpu_ms_per_1000"] for name in ("sentences", "mixed")]
         lines.append(f"| {process} | {per[0]:.0f} | {per[1]:.0f} |")
+    around = " and ".join(f"{run['cpu_ms_per_1000']:.0f}" for run in inproc["runs"])
     lines += [
-        f"| in-process (tokenize + batch + encode) | {inproc['cpu_ms_per_1000']:.0f} | |",
+        f"| in-process (tokenize + batch + encode), mean of {around} | "
+        f"{inproc['cpu_ms_per_1000']:.0f} | |",
         "",
         f"Worker / in-process: {worker_cpu_ratio(r):.3f} (in-process ran "
         f"{inproc['texts'] / inproc['wall_s']:.0f} texts/s while measured).",

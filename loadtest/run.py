@@ -16,7 +16,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +82,8 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def run_inprocess(
-    plan: Plan, dtype: str, torch_compile: str, sentences: list[str], mixed: list[str]
+    plan: Plan, bench: InProcess, sentences: list[str], mixed: list[str]
 ) -> dict[str, Any]:
-    bench = InProcess("sentence-transformers/all-MiniLM-L6-v2", dtype, torch_compile)
     sweep = []
     for budget in tqdm(plan.budgets, desc="in-process sweep", leave=False):
         row: dict[str, Any] = {"max_batch_tokens": budget}
@@ -104,10 +105,7 @@ def run_inprocess(
         ),
         key=lambda r: r["max_batch_tokens"],
     )
-    lengths = [len(t.ids) for t in bench.tokenizer.encode(sentences)]
-    tokens = sum(lengths)
-    cpu = inprocess_cpu(bench, sentences, knee["max_batch_tokens"])
-    cpu["batches"] = batches.replay(lengths, knee["max_batch_tokens"], 256).summary(tokens)
+    tokens = sum(len(t.ids) for t in bench.tokenizer.encode(sentences))
     st = sentence_transformers_default(bench.model_dir, sentences, tokens)
     single = bench.single_latencies_ms(sentences, plan.single)
     return {
@@ -122,7 +120,6 @@ def run_inprocess(
         },
         "st_default": {"texts_per_s": st.texts_per_s, "tokens_per_s": st.tokens_per_s},
         "single_ms": percentiles(single),
-        "cpu": cpu,
     }
 
 
@@ -135,11 +132,24 @@ def inprocess_cpu(bench: InProcess, texts: list[str], max_batch_tokens: int) -> 
     run = bench.throughput(texts, max_batch_tokens)
     seconds = cputime.usage(before, cputime.sample(me))["inprocess"]
     return {
-        "texts": len(texts),
-        "max_batch_tokens": max_batch_tokens,
         "cpu_s": seconds,
         "wall_s": run.seconds,
         "cpu_ms_per_1000": cputime.cpu_ms_per_1000(seconds, len(texts)),
+    }
+
+
+def bracketed_inprocess_cpu(
+    runs: list[dict[str, Any]], texts: list[str], max_batch_tokens: int, lengths: list[int]
+) -> dict[str, Any]:
+    """The in-process baseline from the runs just before and just after the worker's bulk
+    run (their mean: a neighbour's load that drifts during the run shifts both sides)."""
+    return {
+        "texts": len(texts),
+        "max_batch_tokens": max_batch_tokens,
+        "runs": runs,
+        "cpu_ms_per_1000": statistics.fmean(run["cpu_ms_per_1000"] for run in runs),
+        "wall_s": statistics.fmean(run["wall_s"] for run in runs),
+        "batches": batches.replay(lengths, max_batch_tokens, 256).summary(sum(lengths)),
     }
 
 
@@ -156,11 +166,26 @@ async def run_e2e(
     mixed: list[str],
     pids: dict[str, int],
     metrics_url: str,
+    baseline: Callable[[], dict[str, Any]],
 ) -> dict[str, Any]:
     """``pids``: the processes whose CPU time the bulk runs account for (name -> pid);
-    ``metrics_url``: the worker's /metrics, for the shapes of the batches it ran."""
+    ``metrics_url``: the worker's /metrics, for the shapes of the batches it ran;
+    ``baseline``: measures the in-process CPU per text, run just before and just after
+    the bulk sentences (while the worker and the broker idle)."""
     out: dict[str, Any] = {"bulk": {}, "interactive": {"alone": [], "with_backlog": []}}
+    # The in-process path ran the same texts many times already (the sweep); the worker
+    # meets its first bulk batch shapes here, unmeasured, so that both are measured warm.
+    await e2e.bulk(
+        bootstrap,
+        sentences[:1024],
+        plan.per_request,
+        topic="embed.requests.bulk",
+        reply_topic=BULK_RESULTS,
+    )
+    out["inprocess_cpu_runs"] = [baseline()]
     for name, texts in (("sentences", sentences), ("mixed", mixed)):
+        if name == "mixed":
+            out["inprocess_cpu_runs"].append(baseline())
         with tqdm(total=len(texts), desc=f"bulk {name}", unit="text", leave=False) as bar:
             shapes = worker_batches(metrics_url)
             before = cputime.sample(pids)
@@ -254,9 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     mixed = mixed_texts(sentences_all, plan.mixed)
     steps = tqdm(total=3, desc="loadtest", unit="step")
     results: dict[str, Any] = {"plan": plan.__dict__, "argv": sys.argv[1:]}
-    results["inprocess"] = run_inprocess(plan, args.dtype, args.torch_compile, sentences, mixed)
+    bench = InProcess("sentence-transformers/all-MiniLM-L6-v2", args.dtype, args.torch_compile)
+    results["inprocess"] = run_inprocess(plan, bench, sentences, mixed)
     steps.update()
     budget = results["inprocess"]["worker_max_batch_tokens"]
+    baseline = partial(inprocess_cpu, bench, sentences, budget)
     with tempfile.TemporaryDirectory(prefix="kembed-loadtest-") as tmp:
         topics = (*DEFAULT_TOPICS, TopicSpec(BULK_RESULTS, 8))
         with LocalKafka(Path(tmp) / "kafka", topics=topics) as kafka:
@@ -285,7 +312,12 @@ def main(argv: list[str] | None = None) -> int:
                         mixed,
                         pids,
                         f"{worker.http_url}/metrics",
+                        baseline,
                     )
+                )
+                lengths = [len(t.ids) for t in bench.tokenizer.encode(sentences)]
+                results["inprocess"]["cpu"] = bracketed_inprocess_cpu(
+                    results["e2e"].pop("inprocess_cpu_runs"), sentences, budget, lengths
                 )
             finally:
                 worker.stop()
