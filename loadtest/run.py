@@ -15,16 +15,19 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from loadtest import e2e
+from loadtest import batches, cputime, e2e
 from loadtest.data import mixed_texts, stsb_sentences
 from loadtest.inprocess import InProcess, sentence_transformers_default
-from loadtest.report import write_report
+from loadtest.report import REFERENCE_RATE, write_report
 from producer_sdk import EmbedClient
 from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
 from scripts.worker_process import WorkerProcess
@@ -43,6 +46,7 @@ class Plan:
     duration: float
     backlog: int
     single: int
+    backlog_repeats: int  # runs of the backlog scenario at the reference rate (median kept)
 
 
 FULL = Plan(
@@ -53,10 +57,11 @@ FULL = Plan(
     (2, 5, 10, 20, 40),
     (5, 10, 20),
     10.0,
-    20_416,
+    10_208,  # halved when the reference-rate run became three
     200,
+    3,
 )
-QUICK = Plan(400, 100, 16, (1024, 2048), (5, 20), (10,), 2.0, 1_000, 20)
+QUICK = Plan(400, 100, 16, (1024, 2048), (5, 20), (10,), 2.0, 1_000, 20, 3)
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -77,9 +82,8 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def run_inprocess(
-    plan: Plan, dtype: str, torch_compile: str, sentences: list[str], mixed: list[str]
+    plan: Plan, bench: InProcess, sentences: list[str], mixed: list[str]
 ) -> dict[str, Any]:
-    bench = InProcess("sentence-transformers/all-MiniLM-L6-v2", dtype, torch_compile)
     sweep = []
     for budget in tqdm(plan.budgets, desc="in-process sweep", leave=False):
         row: dict[str, Any] = {"max_batch_tokens": budget}
@@ -119,12 +123,72 @@ def run_inprocess(
     }
 
 
-async def run_e2e(
-    plan: Plan, bootstrap: str, sentences: list[str], mixed: list[str]
+def inprocess_cpu(bench: InProcess, texts: list[str], max_batch_tokens: int) -> dict[str, Any]:
+    """This process's CPU time (all threads) for tokenizing, batching and encoding
+    ``texts`` in-process at the worker's batch budget: the baseline of the worker's CPU per
+    text, same texts, precision, compile setting and budget."""
+    me = {"inprocess": os.getpid()}
+    before = cputime.sample(me)
+    run = bench.throughput(texts, max_batch_tokens)
+    seconds = cputime.usage(before, cputime.sample(me))["inprocess"]
+    return {
+        "cpu_s": seconds,
+        "wall_s": run.seconds,
+        "cpu_ms_per_1000": cputime.cpu_ms_per_1000(seconds, len(texts)),
+    }
+
+
+def bracketed_inprocess_cpu(
+    runs: list[dict[str, Any]], texts: list[str], max_batch_tokens: int, lengths: list[int]
 ) -> dict[str, Any]:
+    """The in-process baseline from the runs just before and just after the worker's bulk
+    run (their mean: a neighbour's load that drifts during the run shifts both sides)."""
+    return {
+        "texts": len(texts),
+        "max_batch_tokens": max_batch_tokens,
+        "runs": runs,
+        "cpu_ms_per_1000": statistics.fmean(run["cpu_ms_per_1000"] for run in runs),
+        "wall_s": statistics.fmean(run["wall_s"] for run in runs),
+        "batches": batches.replay(lengths, max_batch_tokens, 256).summary(sum(lengths)),
+    }
+
+
+def worker_batches(metrics_url: str) -> batches.BatchShapes:
+    """The worker's bulk-lane batch totals so far, from its /metrics."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        return batches.from_metrics(response.read().decode(), "bulk")
+
+
+async def run_e2e(
+    plan: Plan,
+    bootstrap: str,
+    sentences: list[str],
+    mixed: list[str],
+    pids: dict[str, int],
+    metrics_url: str,
+    baseline: Callable[[], dict[str, Any]],
+) -> dict[str, Any]:
+    """``pids``: the processes whose CPU time the bulk runs account for (name -> pid);
+    ``metrics_url``: the worker's /metrics, for the shapes of the batches it ran;
+    ``baseline``: measures the in-process CPU per text, run just before and just after
+    the bulk sentences (while the worker and the broker idle)."""
     out: dict[str, Any] = {"bulk": {}, "interactive": {"alone": [], "with_backlog": []}}
+    # The in-process path ran the same texts many times already (the sweep); the worker
+    # meets its first bulk batch shapes here, unmeasured, so that both are measured warm.
+    await e2e.bulk(
+        bootstrap,
+        sentences[:1024],
+        plan.per_request,
+        topic="embed.requests.bulk",
+        reply_topic=BULK_RESULTS,
+    )
+    out["inprocess_cpu_runs"] = [baseline()]
     for name, texts in (("sentences", sentences), ("mixed", mixed)):
+        if name == "mixed":
+            out["inprocess_cpu_runs"].append(baseline())
         with tqdm(total=len(texts), desc=f"bulk {name}", unit="text", leave=False) as bar:
+            shapes = worker_batches(metrics_url)
+            before = cputime.sample(pids)
             run = await e2e.bulk(
                 bootstrap,
                 texts,
@@ -133,19 +197,36 @@ async def run_e2e(
                 reply_topic=BULK_RESULTS,
                 progress=bar.update,
             )
+            spent = cputime.usage(before, cputime.sample(pids))
+            shapes = worker_batches(metrics_url).minus(shapes)
         out["bulk"][name] = {
             "texts": run.texts,
             "seconds": run.seconds,
             "errors": run.errors,
             "texts_per_s": run.texts_per_s,
             "tokens_per_s": run.tokens_per_s,
+            "cpu": {
+                process: {
+                    "cpu_s": seconds,
+                    "cpu_ms_per_1000": cputime.cpu_ms_per_1000(seconds, run.texts),
+                }
+                for process, seconds in spent.items()
+            },
+            "batches": shapes.summary(run.tokens),
         }
     async with EmbedClient(bootstrap) as client:
         await client.embed(["warm-up"], timeout=60)
         for rate in tqdm(plan.rates, desc="interactive alone", leave=False):
             latencies = await e2e.interactive(client, sentences, rate, plan.duration)
             out["interactive"]["alone"].append({"rate": rate, **percentiles(latencies)})
-        for rate in tqdm(plan.loaded_rates, desc="interactive + backlog", leave=False):
+        # The backlog's tail latency varies from run to run: at the reference rate the
+        # scenario runs plan.backlog_repeats times and the report judges the median.
+        loaded = [
+            rate
+            for rate in plan.loaded_rates
+            for _ in range(plan.backlog_repeats if rate == REFERENCE_RATE else 1)
+        ]
+        for rate in tqdm(loaded, desc="interactive + backlog", leave=False):
             bulk = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -198,9 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     mixed = mixed_texts(sentences_all, plan.mixed)
     steps = tqdm(total=3, desc="loadtest", unit="step")
     results: dict[str, Any] = {"plan": plan.__dict__, "argv": sys.argv[1:]}
-    results["inprocess"] = run_inprocess(plan, args.dtype, args.torch_compile, sentences, mixed)
+    bench = InProcess("sentence-transformers/all-MiniLM-L6-v2", args.dtype, args.torch_compile)
+    results["inprocess"] = run_inprocess(plan, bench, sentences, mixed)
     steps.update()
     budget = results["inprocess"]["worker_max_batch_tokens"]
+    baseline = partial(inprocess_cpu, bench, sentences, budget)
     with tempfile.TemporaryDirectory(prefix="kembed-loadtest-") as tmp:
         topics = (*DEFAULT_TOPICS, TopicSpec(BULK_RESULTS, 8))
         with LocalKafka(Path(tmp) / "kafka", topics=topics) as kafka:
@@ -219,8 +302,22 @@ def main(argv: list[str] | None = None) -> int:
                 worker.wait_ready()
                 steps.update()
                 results["worker_settings"] = settings
+                assert kafka.pid is not None
+                pids = {"worker": worker.process.pid, "broker": kafka.pid, "client": os.getpid()}
                 results["e2e"] = asyncio.run(
-                    run_e2e(plan, kafka.bootstrap_servers, sentences, mixed)
+                    run_e2e(
+                        plan,
+                        kafka.bootstrap_servers,
+                        sentences,
+                        mixed,
+                        pids,
+                        f"{worker.http_url}/metrics",
+                        baseline,
+                    )
+                )
+                lengths = [len(t.ids) for t in bench.tokenizer.encode(sentences)]
+                results["inprocess"]["cpu"] = bracketed_inprocess_cpu(
+                    results["e2e"].pop("inprocess_cpu_runs"), sentences, budget, lengths
                 )
             finally:
                 worker.stop()

@@ -121,9 +121,20 @@ def test_loadtest_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
     )
     assert done.returncode in (0, 1), done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
-    assert {t["name"].split(" ")[0] for t in report["targets"]} >= {"bulk", "single-text"}
+    assert {t["name"].split(" ")[0] for t in report["targets"]} >= {
+        "worker",
+        "bulk",
+        "single-text",
+    }
     assert report["e2e"]["bulk"]["sentences"]["errors"] == 0
     assert report["e2e"]["bulk"]["sentences"]["texts_per_s"] > 0
+    # CPU time of every process around the bulk run, and of the in-process baseline.
+    cpu = report["e2e"]["bulk"]["sentences"]["cpu"]
+    assert set(cpu) == {"worker", "broker", "client"}
+    assert cpu["worker"]["cpu_ms_per_1000"] > 0
+    assert report["inprocess"]["cpu"]["cpu_ms_per_1000"] > 0
+    backlog = report["e2e"]["interactive"]["with_backlog"]
+    assert len([row for row in backlog if row["rate"] == 10]) == 3
     assert report["inprocess"]["st_default"]["texts_per_s"] > 0
     assert all(row["n"] > 0 for row in report["e2e"]["interactive"]["alone"])
     for name in ("report.md", "latency_vs_load.png", "throughput_vs_max_batch_tokens.png"):
