@@ -18,7 +18,11 @@ import structlog
 
 from worker.encoder import Encoder, ModelInfo
 from worker.kafka.catalog import MODEL_FIELDS, start_announcer
-from worker.kafka.publisher import KafkaPublisher, KafkaTransactionalPublisher
+from worker.kafka.publisher import (
+    DEFAULT_BATCH_BYTES,
+    KafkaPublisher,
+    KafkaTransactionalPublisher,
+)
 from worker.kafka.security import client_options
 from worker.kafka.source import KafkaSource
 from worker.observability.fatal import ExitCode, error_fields, loop_exception_handler
@@ -190,6 +194,8 @@ def _publisher(
 ) -> KafkaPublisher | KafkaTransactionalPublisher:
     # Results, and dead letters that copy a request of up to max_request_size.
     max_request_size = max(settings.max_result_bytes, settings.max_request_bytes) + _RECORD_OVERHEAD
+    # Results gather in batches no larger than one result may be, which the topics accept.
+    batch_bytes = min(settings.max_result_bytes, DEFAULT_BATCH_BYTES)
     if settings.delivery == "exactly_once":
         transactional_id = settings.resolved_transactional_id()
         log.info("transactions.enabled", transactional_id=transactional_id)
@@ -201,6 +207,7 @@ def _publisher(
             transactional_id=transactional_id,
             transaction_timeout_ms=settings.transaction_timeout_ms,
             warm_topics=[settings.results_topic, settings.dlq_topic],
+            batch_bytes=batch_bytes,
             security=security,
         )
     return KafkaPublisher(
@@ -208,6 +215,7 @@ def _publisher(
         client_id=settings.client_id,
         linger_ms=settings.linger_ms,
         max_request_size=max_request_size,
+        batch_bytes=batch_bytes,
         security=security,
     )
 
