@@ -11,7 +11,7 @@ For one worker, then for ``--workers`` in one consumer group (each scenario on i
 topics, after a warm-up run): texts/s from the first send to the last result, and CPU-ms per
 1,000 texts of each worker process, of the broker and of this process (``/proc/<pid>/stat``,
 all threads, read around the run). Every request must be answered exactly once, with a
-result whose id matches its correlation id. With ``--profile-s`` and py-spy installed, a
+result whose id matches its correlation id. With ``--profile`` and py-spy installed, a
 further run of one worker is sampled by py-spy and the report lists where its time goes
 (py-spy is optional: without it the profile is skipped).
 
@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,10 +52,26 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid``, all its threads (``/proc/<pid>/stat``)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
+    return cpu_seconds_of(Path(f"/proc/{pid}/stat"))
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of process ``pid``, by thread id."""
+    used = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            used[int(task.name)] = cpu_seconds_of(task / "stat")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+    return used
+
+
+def cpu_seconds_of(stat_path: Path) -> float:
+    """utime + stime (fields 14 and 15) of a ``/proc`` stat file."""
+    stat = stat_path.read_text()
     # The command name (field 2) may hold spaces; the fields after its ")" are fixed.
     fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime: fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def machine_busy_seconds() -> tuple[float, float]:
@@ -230,7 +247,6 @@ def scenario(
     out: Path,
     settings: dict[str, Any],
     pyspy: str | None = None,
-    profile_s: float = 0.0,
     repeat: int = 1,
 ) -> dict[str, Any]:
     """Start ``count`` workers on new topics, warm them up, then measure ``repeat`` runs
@@ -251,14 +267,14 @@ def scenario(
             sampler = subprocess.Popen(
                 [
                     *(pyspy, "record", "--pid", str(workers[0].process.pid), "--threads"),
-                    *("--duration", str(max(1, round(profile_s))), "--rate", "250"),
-                    *("--format", "raw", "--output", str(raw)),
+                    *("--rate", "250", "--format", "raw", "--output", str(raw)),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )
             time.sleep(1.0)  # py-spy attaches
         measured = []
+        threads_before = thread_cpu_seconds(workers[0].process.pid)
         for _ in range(1 if sampler else repeat):
             busy0, total0 = machine_busy_seconds()
             clock.start()
@@ -271,10 +287,16 @@ def scenario(
         measured.sort(key=lambda m: m[0].texts / m[0].seconds)
         run, used, machine = measured[len(measured) // 2]
         if sampler is not None:
-            _, stderr = sampler.communicate(timeout=profile_s + 60)
+            threads_after = thread_cpu_seconds(workers[0].process.pid)
+            sampler.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
+            _, stderr = sampler.communicate(timeout=60)
             raw = out / "profile.txt"
             if sampler.returncode == 0 and raw.exists():
-                profile = summarize_profile(raw.read_text())
+                text = raw.read_text()
+                profile = summarize_profile(text)
+                profile["thread_cpu_ms_per_1000_texts"] = _thread_cpu(
+                    text, threads_before, threads_after, workers[0].process.pid, run.texts
+                )
             else:
                 profile = {"error": stderr.decode(errors="replace")[-500:]}
         problems = _worker_problems(workers)
@@ -348,6 +370,28 @@ def summarize_profile(raw: str, top: int = 25) -> dict[str, Any]:
         "self": [(name, share, inclusive[name] / total) for name, share in shares(own, top)],
         "inclusive": shares(inclusive, top),
     }
+
+
+def _thread_cpu(
+    raw: str, before: dict[int, float], after: dict[int, float], pid: int, texts: int
+) -> dict[str, float]:
+    """CPU-ms per 1,000 texts of each thread of the worker, named as py-spy saw them
+    (threads that never ran Python code, such as the tokenizer library's own pool, are
+    "native")."""
+    names = {}
+    for line in raw.splitlines():
+        head = line.split(";", 1)[0]
+        if head.startswith("thread (") and "): " in head:
+            number, _, name = head[len("thread (") :].partition("): ")
+            if number.isdigit():
+                names[int(number)] = _thread_name(name)
+    names.setdefault(pid, "MainThread")
+    used: dict[str, float] = {}
+    for tid, seconds in after.items():
+        name = names.get(tid, "native")
+        used[name] = used.get(name, 0.0) + seconds - before.get(tid, 0.0)
+    ranked = sorted(used.items(), key=lambda pair: -pair[1])
+    return {name: 1e6 * seconds / texts for name, seconds in ranked}
 
 
 def _task(names: list[str], thread: str) -> str:
@@ -425,6 +469,12 @@ def _markdown(report: dict[str, Any]) -> str:
             "Threads: "
             + ", ".join(f"{name} {100 * share:.0f}%" for name, share in profile["threads"].items()),
             "",
+            "CPU-ms per 1,000 texts by thread: "
+            + ", ".join(
+                f"{name} {value:.0f}"
+                for name, value in profile.get("thread_cpu_ms_per_1000_texts", {}).items()
+            ),
+            "",
             "| task (event loop) or thread | share |",
             "| --- | --- |",
             *(f"| `{name}` | {100 * share:.1f}% |" for name, share in profile["tasks"]),
@@ -451,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4, help="of the bulk topic")
     parser.add_argument("--workers", type=int, default=2, help="the scaling run (1: none)")
     parser.add_argument(
-        "--profile-s", type=float, default=0.0, help="py-spy one more one-worker run (0: no)"
+        "--profile", action="store_true", help="one more one-worker run, sampled by py-spy"
     )
     parser.add_argument("--pyspy", default=shutil.which("py-spy") or DEFAULT_PYSPY)
     parser.add_argument(
@@ -502,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         if len(report["runs"]) > 1:
             report["scaling"] = report["runs"][-1]["texts_per_s"] / report["runs"][0]["texts_per_s"]
-        if args.profile_s > 0:
+        if args.profile:
             if args.pyspy and Path(args.pyspy).exists():
                 profiled = scenario(
                     kafka,
@@ -514,7 +564,6 @@ def main(argv: list[str] | None = None) -> int:
                     args.out,
                     settings,
                     pyspy=args.pyspy,
-                    profile_s=args.profile_s,
                 )
                 report["profiled_run"] = {k: v for k, v in profiled.items() if k != "profile"}
                 report["profile"] = profiled.get("profile")
