@@ -44,10 +44,16 @@ from schemas.headers import CORRELATION_ID
 from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
 from scripts.worker_process import WorkerProcess
 
-__all__ = ["CpuClock", "cpu_seconds", "main", "summarize_profile"]
-
-DEFAULT_PYSPY = "/tmp/tools/pyspy/bin/py-spy"
+__all__ = ["CpuClock", "cpu_seconds", "find_pyspy", "main", "summarize_profile"]
 TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def find_pyspy() -> str | None:
+    """py-spy's executable: the PYSPY variable, else ``py-spy`` on the PATH (None: absent)."""
+    named = os.environ.get("PYSPY")
+    if named:
+        return named if Path(named).is_file() else None
+    return shutil.which("py-spy")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -503,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="one more one-worker run, sampled by py-spy"
     )
-    parser.add_argument("--pyspy", default=shutil.which("py-spy") or DEFAULT_PYSPY)
+    parser.add_argument(
+        "--pyspy", default=find_pyspy(), help="py-spy's executable (default: $PYSPY, PATH)"
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -568,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
                 report["profiled_run"] = {k: v for k, v in profiled.items() if k != "profile"}
                 report["profile"] = profiled.get("profile")
             else:
-                report["profile"] = {"error": f"py-spy not found at {args.pyspy}"}
+                report["profile"] = {"error": f"py-spy not found ({args.pyspy or 'not on PATH'})"}
     write_report(report, args.out)
     ok = all(row["bad_runs"] == 0 for row in report["runs"])
     print(f"report: {args.out / 'ceiling.md'}")

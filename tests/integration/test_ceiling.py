@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.ceiling import DEFAULT_PYSPY
+from loadtest.ceiling import find_pyspy
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -42,7 +42,7 @@ def test_ceiling_small_run_writes_a_complete_report(tmp_path: Path) -> None:
         assert run["cpu_ms_per_1000_texts"]["worker 1"] > 0
     assert report["scaling"] > 0
     assert report["profiled_run"]["bad_runs"] == 0
-    if Path(DEFAULT_PYSPY).exists():
+    if find_pyspy() is not None:
         assert report["profile"]["samples"] > 0, report["profile"]
         assert report["profile"]["tasks"]
     else:  # py-spy is optional: the run says why there is no profile

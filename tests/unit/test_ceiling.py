@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from loadtest.ceiling import cpu_seconds, summarize_profile
+from loadtest.ceiling import cpu_seconds, find_pyspy, summarize_profile
 from loadtest.ceiling_worker import FixedEncoder
 from worker.encoder import ModelInfo
 
@@ -81,3 +82,14 @@ def test_the_profile_summary_shares_samples_by_thread_task_and_function() -> Non
 
 def test_an_empty_profile_summarizes_to_nothing() -> None:
     assert summarize_profile("")["samples"] == 0
+
+
+def test_py_spy_is_found_where_pyspy_says_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tool = tmp_path / "py-spy"
+    tool.write_text("")
+    monkeypatch.setenv("PYSPY", str(tool))
+    assert find_pyspy() == str(tool)
+    monkeypatch.setenv("PYSPY", str(tmp_path / "absent"))
+    assert find_pyspy() is None
