@@ -41,8 +41,8 @@ def test_ceiling_small_run_writes_a_complete_report(tmp_path: Path) -> None:
         assert set(run["cpu_ms_per_1000_texts"]) == names | {"broker", "load generator"}
         assert run["cpu_ms_per_1000_texts"]["worker 1"] > 0
     assert report["scaling"] > 0
-    assert report["profiled_run"]["bad_runs"] == 0
     if find_pyspy() is not None:
+        assert report["profiled_run"]["bad_runs"] == 0
         assert report["profile"]["samples"] > 0, report["profile"]
         assert report["profile"]["tasks"]
     else:  # py-spy is optional: the run says why there is no profile
