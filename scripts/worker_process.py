@@ -23,10 +23,12 @@ class WorkerProcess:
         bootstrap_servers: str,
         log_path: Path,
         preexec_fn: Callable[[], None] | None = None,
+        module: str = "worker",
         **settings: Any,
     ) -> None:
         """``settings`` become KEMBED_* variables; ``preexec_fn`` runs in the child before
-        the worker starts (to change what the process may do)."""
+        the worker starts (to change what the process may do); ``module`` is what
+        ``python -m`` runs (a benchmark's instrumented worker, ``loadtest.ceiling_worker``)."""
         self.log_path = log_path
         env = {
             **os.environ,
@@ -40,7 +42,7 @@ class WorkerProcess:
         env.update({f"KEMBED_{name.upper()}": str(value) for name, value in settings.items()})
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "worker"],
+            [sys.executable, "-m", module],
             cwd=ROOT,
             env=env,
             stdout=self._log,

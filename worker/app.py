@@ -6,18 +6,23 @@ import asyncio
 import json
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import structlog
 
 from worker.encoder import Encoder, ModelInfo
 from worker.kafka.catalog import MODEL_FIELDS, start_announcer
-from worker.kafka.publisher import KafkaPublisher, KafkaTransactionalPublisher
+from worker.kafka.publisher import (
+    DEFAULT_BATCH_BYTES,
+    KafkaPublisher,
+    KafkaTransactionalPublisher,
+)
 from worker.kafka.security import client_options
 from worker.kafka.source import KafkaSource
 from worker.observability.fatal import ExitCode, error_fields, loop_exception_handler
@@ -33,6 +38,7 @@ from worker.tokenization import TextTokenizer
 
 __all__ = [
     "ModelLoadError",
+    "ModelLoader",
     "QualityGateFailedError",
     "load_model",
     "load_served_model",
@@ -101,6 +107,11 @@ def load_served_model(settings: WorkerSettings, spec: ModelSpec) -> ServedModel:
     )
 
 
+ModelLoader: TypeAlias = Callable[[WorkerSettings, ModelSpec], ServedModel]
+"""How the worker gets each of its models: :func:`load_served_model`, or, in a benchmark
+that measures the worker without its model (``loadtest.ceiling_worker``), a stand-in."""
+
+
 def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
     """Run the largest batch shape once, so the first real request pays no start-up cost
     (and a compiled model is compiled now). Must run on the thread that will encode: torch's
@@ -111,11 +122,12 @@ def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
     encoder.encode([[0] * 8])  # a lone short text takes its own (single-thread) path
 
 
-async def run_worker(settings: WorkerSettings) -> None:
-    """Serve until SIGTERM. Raises KafkaAccessError (after logging it) when Kafka rejects
-    the worker's login or its principal lacks a right it needs, ModelLoadError (after
-    logging model.load_failed) when a model cannot be loaded, before the consumer joins its
-    group, and QualityGateFailedError when the quality gate is on and fails."""
+async def run_worker(settings: WorkerSettings, *, load: ModelLoader = load_served_model) -> None:
+    """Serve until SIGTERM (``load``: see :data:`ModelLoader`). Raises KafkaAccessError
+    (after logging it) when Kafka rejects the worker's login or its principal lacks a right
+    it needs, ModelLoadError (after logging model.load_failed) when a model cannot be
+    loaded, before the consumer joins its group, and QualityGateFailedError when the
+    quality gate is on and fails."""
     configure_logging(settings.log_level, settings.log_format)
     asyncio.get_running_loop().set_exception_handler(loop_exception_handler)
     log.info("worker.starting", version=VERSION, settings=redacted(settings.model_dump()))
@@ -137,7 +149,7 @@ async def run_worker(settings: WorkerSettings) -> None:
     log.info("http.started", host=settings.http_host, port=server.port)
     watcher = asyncio.create_task(probes.watch_loop())
     try:
-        await _serve(settings, metrics, probes, info)
+        await _serve(settings, metrics, probes, info, load)
     except KafkaAccessError as exc:
         log.error(f"kafka.{exc.kind}_failed", reason=exc.reason)
         raise
@@ -158,7 +170,11 @@ def _topic_needs(settings: WorkerSettings) -> dict[str, set[str]]:
 
 
 async def _serve(
-    settings: WorkerSettings, metrics: Metrics, probes: Probes, info: dict[str, Any]
+    settings: WorkerSettings,
+    metrics: Metrics,
+    probes: Probes,
+    info: dict[str, Any],
+    load: ModelLoader,
 ) -> None:
     security = client_options(settings)
     publisher = _publisher(settings, security)
@@ -168,7 +184,7 @@ async def _serve(
     await publisher.start()
     try:
         await publisher.check_access(_topic_needs(settings), settings.group_id)
-        await _load_and_run(settings, publisher, security, metrics, probes, info)
+        await _load_and_run(settings, publisher, security, metrics, probes, info, load)
     finally:
         await publisher.stop()
 
@@ -178,6 +194,8 @@ def _publisher(
 ) -> KafkaPublisher | KafkaTransactionalPublisher:
     # Results, and dead letters that copy a request of up to max_request_size.
     max_request_size = max(settings.max_result_bytes, settings.max_request_bytes) + _RECORD_OVERHEAD
+    # Results gather in batches no larger than one result may be, which the topics accept.
+    batch_bytes = min(settings.max_result_bytes, DEFAULT_BATCH_BYTES)
     if settings.delivery == "exactly_once":
         transactional_id = settings.resolved_transactional_id()
         log.info("transactions.enabled", transactional_id=transactional_id)
@@ -189,6 +207,7 @@ def _publisher(
             transactional_id=transactional_id,
             transaction_timeout_ms=settings.transaction_timeout_ms,
             warm_topics=[settings.results_topic, settings.dlq_topic],
+            batch_bytes=batch_bytes,
             security=security,
         )
     return KafkaPublisher(
@@ -196,6 +215,7 @@ def _publisher(
         client_id=settings.client_id,
         linger_ms=settings.linger_ms,
         max_request_size=max_request_size,
+        batch_bytes=batch_bytes,
         security=security,
     )
 
@@ -207,6 +227,7 @@ async def _load_and_run(
     metrics: Metrics,
     probes: Probes,
     info: dict[str, Any],
+    load: ModelLoader,
 ) -> None:
     loop = asyncio.get_running_loop()
     probes.phase = "loading"
@@ -217,7 +238,7 @@ async def _load_and_run(
     for spec in settings.model_specs():
         started = time.monotonic()
         try:
-            model = await loop.run_in_executor(encode_thread, load_served_model, settings, spec)
+            model = await loop.run_in_executor(encode_thread, load, settings, spec)
             loaded = time.monotonic()
             probes.phase = "warming"
             await loop.run_in_executor(encode_thread, warm_up, model.encoder, settings)

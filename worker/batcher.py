@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -34,10 +36,11 @@ class Item(Generic[J]):
     ids: Sequence[int]
     enqueued: float
     seq: int = field(default=0)
+    length: int = field(init=False)
+    """``len(ids)``, kept: batching reads it many times per input."""
 
-    @property
-    def length(self) -> int:
-        return len(self.ids)
+    def __post_init__(self) -> None:
+        self.length = len(self.ids)
 
 
 class Batcher(Generic[J]):
@@ -97,9 +100,9 @@ class Batcher(Generic[J]):
             return []
         budget = min(self.max_batch_tokens, max_tokens or self.max_batch_tokens)
         candidates = self._window()
-        candidates.sort(key=lambda it: (it.length, it.seq))
+        oldest = candidates[0]  # the window is oldest first
+        candidates.sort(key=_LENGTH_SEQ)
         lengths = [it.length for it in candidates]
-        oldest = min(candidates, key=lambda it: it.seq)
         lo = bisect.bisect_left(lengths, oldest.length)
         while candidates[lo] is not oldest:
             lo += 1
@@ -129,12 +132,13 @@ class Batcher(Generic[J]):
         return batch
 
     def _window(self) -> list[Item[J]]:
-        items: list[Item[J]] = []
-        for item in self._waiting.values():
-            items.append(item)
-            if len(items) >= self.window:
-                break
-        return items
+        """The ``window`` oldest inputs, oldest first."""
+        if len(self._waiting) <= self.window:
+            return list(self._waiting.values())
+        return list(itertools.islice(self._waiting.values(), self.window))
+
+
+_LENGTH_SEQ = operator.attrgetter("length", "seq")
 
 
 INTERACTIVE = "interactive"

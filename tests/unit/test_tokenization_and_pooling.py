@@ -105,6 +105,26 @@ def test_batch_keeps_order_and_is_unpadded(tokenizer: TextTokenizer) -> None:
     assert tokenizer.max_length == 256
 
 
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_ids_and_truncation_match_the_full_encoding(bundled_dir: Path, direction: str) -> None:
+    """The offset-free encoding the worker uses gives the ids and the truncation flag of
+    the tokenizer's full encoding, on STS-B sentences and on over-long passages."""
+    from tokenizers import Tokenizer
+
+    from loadtest.data import passages, stsb_sentences
+
+    sentences = stsb_sentences()[:300]
+    texts = sentences + passages(sentences, words=400)[:5]
+    full = Tokenizer.from_file(str(bundled_dir / "tokenizer.json"))
+    full.enable_truncation(max_length=128, direction=direction)
+    full.no_padding()
+    expected = full.encode_batch(texts, add_special_tokens=True)
+    got = TextTokenizer.from_model_dir(bundled_dir, 128).encode(texts, direction)
+    assert [piece.ids for piece in got] == [enc.ids for enc in expected]
+    assert [piece.truncated for piece in got] == [bool(enc.overflowing) for enc in expected]
+    assert any(piece.truncated for piece in got)
+
+
 def test_missing_tokenizer_json_is_reported(tmp_path: Path) -> None:
     """A model dir without tokenizer.json raises FileNotFoundError naming the dir."""
     with pytest.raises(FileNotFoundError, match=r"tokenizer\.json"):

@@ -30,7 +30,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 from worker.kafka.security import check_access, diagnose_login, principal_of
 from worker.ports import KafkaAccessError, PublishError, TopicPartition
 
-__all__ = ["KafkaPublisher", "KafkaTransactionalPublisher"]
+__all__ = ["DEFAULT_BATCH_BYTES", "KafkaPublisher", "KafkaTransactionalPublisher"]
 
 # How long one try waits for a reply topic's metadata (a broker's answer about a topic the
 # producer has not written yet). A try that runs out is transient: the caller retries it.
@@ -48,6 +48,16 @@ _PERMANENT_TOPIC_ERRORS = {
 # aiokafka's version); aiokafka's default 100 ms back-off then dominates the latency of
 # back-to-back transactions. 20 ms is what aiokafka itself waits between transactions.
 _TXN_RETRY_BACKOFF_MS = 20
+
+
+DEFAULT_BATCH_BYTES = 1024 * 1024
+"""The producer's batch per partition (aiokafka's max_batch_size). While one produce
+request is in flight, the results finished meanwhile gather in the next batch, up to this
+size; a larger message still goes alone. aiokafka's default, 16 KiB, is smaller than one
+result of 32 MiniLM vectors (49 KiB): every result then went in a batch of its own, and
+each send waited for the partition's previous batch to leave. Keep it within what the
+destination topics accept (max.message.bytes limits a whole batch): the worker uses its
+max_result_bytes, capped at this."""
 
 
 class _ExpectedRetries(logging.Filter):
@@ -108,8 +118,10 @@ class KafkaPublisher(_Producer):
         client_id: str,
         linger_ms: int,
         max_request_size: int,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
         security: Mapping[str, Any] | None = None,
     ) -> None:
+        """``batch_bytes``: see :data:`DEFAULT_BATCH_BYTES`."""
         super().__init__(
             bootstrap_servers,
             security,
@@ -120,6 +132,7 @@ class KafkaPublisher(_Producer):
             enable_idempotence=False,
             linger_ms=linger_ms,
             max_request_size=max_request_size,
+            max_batch_size=batch_bytes,
         )
 
     async def send(
@@ -163,8 +176,10 @@ class KafkaTransactionalPublisher(_Producer):
         transactional_id: str,
         transaction_timeout_ms: int,
         warm_topics: Sequence[str] = (),
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
         security: Mapping[str, Any] | None = None,
     ) -> None:
+        """``batch_bytes``: see :data:`DEFAULT_BATCH_BYTES`."""
         super().__init__(
             bootstrap_servers,
             security,
@@ -173,6 +188,7 @@ class KafkaTransactionalPublisher(_Producer):
             transaction_timeout_ms=transaction_timeout_ms,
             linger_ms=linger_ms,
             max_request_size=max_request_size,
+            max_batch_size=batch_bytes,
             retry_backoff_ms=_TXN_RETRY_BACKOFF_MS,
         )
         self._transactional_id = transactional_id
