@@ -27,14 +27,14 @@ def run_worker_with(
     tmp_path: Path, body: str, prelude: str = "", **env: str
 ) -> tuple[int, list[dict[str, Any]], str]:
     """Run the worker command with ``_serve`` replaced by ``body`` (the body of an async
-    function of (settings, metrics, probes, info)), after the statement ``prelude``; its
+    function of (settings, metrics, probes, info, load)), after the statement ``prelude``; its
     exit status, its output parsed as JSON lines, and the raw output."""
     script = textwrap.dedent(
         """
         import asyncio, sys, threading
         import worker.app
 
-        async def _serve(settings, metrics, probes, info):
+        async def _serve(settings, metrics, probes, info, load):
         {body}
 
         worker.app._serve = _serve
