@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ __all__ = [
     "QualityReport",
     "default_pairs_path",
     "judge",
+    "judge_embedders",
     "load_pairs",
     "spearman",
     "stsb_dir",
@@ -148,6 +149,24 @@ def judge(
         passed=not failures,
         failures=failures,
     )
+
+
+def judge_embedders(
+    pairs: Sequence[Pair],
+    reference: Callable[[list[str]], npt.NDArray[np.float32]],
+    candidate: Callable[[list[str]], npt.NDArray[np.float32]],
+    thresholds: GateThresholds,
+) -> QualityReport:
+    """The gate for two embedding functions (texts -> unnormalized vectors)."""
+    sentences = sorted({s for p in pairs for s in (p.first, p.second)})
+    expected, actual = _normalized(reference(sentences)), _normalized(candidate(sentences))
+    return judge(pairs, sentences, expected, actual, thresholds)
+
+
+def _normalized(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    out: npt.NDArray[np.float32] = vectors / np.maximum(norms, 1e-12)
+    return out
 
 
 def validate(
