@@ -10,8 +10,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -22,7 +25,7 @@ import pytest
 
 from producer_sdk import EmbedClient
 from scripts.kafka_local import LocalKafka, TopicSpec
-from tests.conftest import WorkerProcess, load_stsb
+from tests.conftest import ROOT, WorkerProcess, load_stsb
 
 pytestmark = pytest.mark.integration
 
@@ -137,3 +140,25 @@ async def test_ready_before_compiled_then_serves_through_the_switch(
     expected = reference_model.encode(texts, normalize_embeddings=True)
     cosine = np.sum(got * expected, axis=1)
     assert float(cosine.min()) > 0.9999, f"min cosine {cosine.min():.6f}"
+
+
+def test_validate_measures_auto_and_judges_the_variant_it_chose() -> None:
+    """`kembed validate` with dtype auto times fp32 and bf16 (compiling off, to keep this
+    short), reports the table, and judges the chosen one against fp32."""
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "validate", "--limit", "100", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "KEMBED_DTYPE": "auto", "KEMBED_TORCH_COMPILE": "off"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    table = report["tuning"]["table"]
+    assert [row["candidate"] for row in table] == ["float32/eager", "bfloat16/eager"]
+    assert all(row["status"] == "ok" and row["texts_per_s"] > 0 for row in table)
+    chosen = max(table, key=lambda row: row["texts_per_s"])
+    assert report["tuning"]["chosen"] == chosen["candidate"]
+    assert report["candidate"]["dtype"] == chosen["dtype"]
+    assert table[0]["mean_cosine"] > 0.9999  # fp32 against itself

@@ -87,7 +87,7 @@ def test_bundled_texts_ship_with_the_package_and_make_sentences_and_passages() -
     assert len(texts[0].split()) > 5 * len(texts[1].split())  # every fifth: a passage
 
 
-def test_workload_is_cut_by_the_batcher_length_sorted_and_within_the_budget() -> None:
+def test_workload_is_cut_length_sorted_within_the_token_budget_and_row_cap() -> None:
     ids = [[1] * n for n in (3, 40, 7, 7, 100, 12, 64, 5)]
     batches = tuning_workload(ids, 128, 4)
     assert sorted(len(seq) for batch in batches for seq in batch) == sorted(map(len, ids))

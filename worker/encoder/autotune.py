@@ -154,15 +154,19 @@ def workload_texts(count: int = 384, long_every: int = 5) -> list[str]:
 def tuning_workload(
     token_ids: Sequence[Sequence[int]], max_batch_tokens: int, max_batch_size: int
 ) -> list[list[Sequence[int]]]:
-    """The batches kembed's batcher cuts from ``token_ids`` (length-sorted, token-budgeted)."""
-    from worker.batcher import Batcher, Item
-
-    batcher: Batcher[None] = Batcher(max_batch_tokens, max_batch_size)
-    for index, ids in enumerate(token_ids):
-        batcher.add(Item(None, index, list(ids), 0.0))
-    batches = []
-    while len(batcher):
-        batches.append([item.ids for item in batcher.next_batch()])
+    """Batches cut as kembed's batcher cuts a backlog: length-sorted, each at most
+    ``max_batch_tokens`` padded tokens (rows x longest) and ``max_batch_size`` rows."""
+    batches: list[list[Sequence[int]]] = []
+    current: list[Sequence[int]] = []
+    for ids in sorted(token_ids, key=len):
+        if current and (
+            len(current) >= max_batch_size or (len(current) + 1) * len(ids) > max_batch_tokens
+        ):
+            batches.append(current)
+            current = []
+        current.append(ids)
+    if current:
+        batches.append(current)
     return batches
 
 
