@@ -120,12 +120,10 @@ def tuning_options(settings: WorkerSettings, encoder: Encoder) -> list[Any]:
 
     if settings.quantization != "none":
         return []
-    device = encoder.info.device.split(":")[0]
-    bf16 = True
-    if device == "cuda":
-        import torch
+    from worker.encoder.torch_backend import bf16_supported
 
-        bf16 = bool(torch.cuda.is_bf16_supported())
+    device = encoder.info.device.split(":")[0]
+    bf16 = bf16_supported(device)
     options = candidates(settings.dtype, settings.torch_compile, device, bf16_supported=bf16)
     if options == [Candidate(encoder.info.dtype, encoder.info.compiled)]:
         return []

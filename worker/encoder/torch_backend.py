@@ -55,6 +55,12 @@ def cpu_has_fast_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
+def bf16_supported(device_type: str) -> bool:
+    """Whether bf16 is a candidate: on CUDA when the GPU computes it; CPUs emulate it at
+    worst, and the tuner measures whether it pays."""
+    return bool(torch.cuda.is_bf16_supported()) if device_type == "cuda" else True
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``auto``: fp16 on CUDA; bf16 on CPUs with native bf16 (measured ~2x fp32 on a 2-core
     AMX CPU, STS-B within 0.1 of fp32, see docs/performance.md); fp32 elsewhere."""
