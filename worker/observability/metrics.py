@@ -216,6 +216,8 @@ METRIC_NAMES = (
     "kembed_publish_retries_total",
     "kembed_model_load_seconds",
     "kembed_warmup_seconds",
+    "kembed_encoder_phase",
+    "kembed_tuning_texts_per_second",
     "kembed_paused_partitions",
     "kembed_ready",
 )
