@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
@@ -207,7 +207,7 @@ def start_tuning(
     encode_thread: ThreadPoolExecutor,
     metrics: Metrics,
     tunings: dict[str, Any],
-) -> threading.Thread | None:
+) -> _Tuner | None:
     """Tune ``models`` one after the other on a thread of their own, while they serve."""
     from worker.encoder.autotune import TuningResult
 
@@ -223,23 +223,43 @@ def start_tuning(
     if not todo:
         return None
 
+    stopping = threading.Event()
+
     def on_encoder(fn: Callable[[], Any]) -> Any:
+        if stopping.is_set():
+            raise _TunerStoppedError
         return encode_thread.submit(fn).result()
 
     def work() -> None:
         for model, model_settings in todo:
             try:
                 tune_model(model, model_settings, on_encoder, tunings[model.name], metrics)
+            except (_TunerStoppedError, CancelledError):
+                return  # the worker is stopping
             except RuntimeError as exc:
-                if "shutdown" in str(exc):  # the worker is stopping
+                if "shutdown" in str(exc):  # the encoder thread is gone: stopping
                     return
                 _tuning_failed(model, exc, tunings, metrics)
             except Exception as exc:  # noqa: BLE001 (the served variant stays; say why)
                 _tuning_failed(model, exc, tunings, metrics)
 
-    thread = threading.Thread(target=work, name="kembed-tuner", daemon=True)
+    thread = _Tuner(target=work, name="kembed-tuner", daemon=True)
+    thread.stopping = stopping
     thread.start()
     return thread
+
+
+class _TunerStoppedError(Exception):
+    """The worker is stopping: the tuner leaves at its next step."""
+
+
+class _Tuner(threading.Thread):
+    stopping: threading.Event
+
+    def stop(self, timeout: float) -> None:
+        """Ask the tuner to stop and wait for it (a compilation under way finishes)."""
+        self.stopping.set()
+        self.join(timeout)
 
 
 def _tuning_failed(
@@ -389,9 +409,9 @@ async def _load_and_run(
         # Measure (and compile) before joining: ready later, at full speed at once.
         probes.phase = "tuning"
         started = time.monotonic()
-        tuner = start_tuning(models, settings, encode_thread, metrics, tunings)
-        if tuner is not None:
-            await loop.run_in_executor(None, tuner.join)
+        before = start_tuning(models, settings, encode_thread, metrics, tunings)
+        if before is not None:
+            await loop.run_in_executor(None, before.join)
         warmup_s += time.monotonic() - started
     metrics.model_load_seconds.set(load_s)
     metrics.warmup_seconds.set(warmup_s)
@@ -442,12 +462,13 @@ async def _load_and_run(
         loop.add_signal_handler(sig, _stop, pipeline, probes, sig)
     cards = [{key: model[key] for key in MODEL_FIELDS} for model in info["models"]]
     announcer = await start_announcer(settings, cards, security)
+    tuner: _Tuner | None = None
     try:
         await source.start(pipeline.on_revoked, pipeline.on_assigned)
         probes.phase = "serving"
         if settings.tune_in_background:
             # After joining, so that compiling never delays readiness.
-            start_tuning(models, settings, encode_thread, metrics, tunings)
+            tuner = start_tuning(models, settings, encode_thread, metrics, tunings)
         log.info(
             "worker.started",
             topics=interactive_topics,
@@ -461,6 +482,8 @@ async def _load_and_run(
             await pipeline.run()
         finally:
             probes.phase = "stopped"
+            if tuner is not None:
+                await loop.run_in_executor(None, tuner.stop, settings.shutdown_timeout_s)
             await source.stop()
     finally:
         if announcer is not None:

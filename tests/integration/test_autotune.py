@@ -15,6 +15,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -35,7 +36,8 @@ REQUESTS, RESULTS = f"tune.{TAG}", f"tune.{TAG}.results"
 
 def test_served_shapes_after_the_build_compile_nothing_more() -> None:
     """The compiled graph is dynamic in rows and length: once built (one call, full thread
-    count), batches of any shape the batcher cuts, and lone texts, reuse it."""
+    count, on another thread), batches of any shape the batcher cuts, and lone texts (run
+    eagerly on one thread), reuse it."""
     import torch._dynamo.utils as dynamo_utils
 
     from worker.encoder.autotune import _compile
@@ -45,7 +47,10 @@ def test_served_shapes_after_the_build_compile_nothing_more() -> None:
     encoder = TorchEncoder(resolve_model_dir("all-MiniLM-L6-v2"), "m", dtype="float32")
     encoder.pin_threads(True)
     variant = encoder.variant(encoder.current.dtype, compiled=True)
-    _compile(encoder, variant)
+    # Built on another thread, as the tuner builds it while the encoder thread serves.
+    builder = threading.Thread(target=_compile, args=(encoder, variant))
+    builder.start()
+    builder.join()
     encoder.pin_threads(False)
     encoder.install(variant)
     graphs = dynamo_utils.counters["stats"]["unique_graphs"]

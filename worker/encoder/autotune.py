@@ -277,6 +277,8 @@ def tune(
                         speed = texts / seconds
                         row.texts_per_s = max(row.texts_per_s or 0.0, speed)
             pick = choose(result.table)
+            if len(options) == 1 and result.table[0].status == "ok":
+                pick = options[0]  # nothing to compare: built and checked is enough
             if pick is not None and pick != current_candidate:
                 reason = None
                 if gate is not None:
@@ -288,6 +290,8 @@ def tune(
                     log.error("encoder.tuning_gate_failed", candidate=pick.name, reason=reason)
                     next(r for r in result.table if r.candidate == pick).status = "quality"
                     pick = choose(result.table)
+            if len(options) == 1 and result.table[0].status == "ok":
+                pick = options[0]  # nothing to compare: built and checked is enough
                 if pick is not None and pick != current_candidate:
                     on_encoder(partial(encoder.install, variants[pick]))
                     current_candidate = pick
