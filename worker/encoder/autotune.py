@@ -254,6 +254,8 @@ def tune(
         reference = on_encoder(lambda: vectors(reference_variant, reference_batches))
         for phase_compiled in (False, True):
             rows = [r for r in result.table if r.candidate.compiled == phase_compiled]
+            if not rows:
+                continue
             for row in rows:
                 if time.monotonic() - started > budget_s and len(options) > 1:
                     row.status = "skipped"
@@ -290,8 +292,6 @@ def tune(
                     log.error("encoder.tuning_gate_failed", candidate=pick.name, reason=reason)
                     next(r for r in result.table if r.candidate == pick).status = "quality"
                     pick = choose(result.table)
-            if len(options) == 1 and result.table[0].status == "ok":
-                pick = options[0]  # nothing to compare: built and checked is enough
                 if pick is not None and pick != current_candidate:
                     on_encoder(partial(encoder.install, variants[pick]))
                     current_candidate = pick
