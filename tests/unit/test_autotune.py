@@ -3,6 +3,12 @@ bundled texts and the batches cut from them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
 from worker.encoder.autotune import (
     Candidate,
     Measurement,
@@ -94,3 +100,151 @@ def test_workload_is_cut_length_sorted_within_the_token_budget_and_row_cap() -> 
     for batch in batches:
         assert len(batch) <= 4
         assert len(batch) * max(map(len, batch)) <= 128 or len(batch) == 1
+
+
+# -- the tuner's steps, on a stand-in encoder and a fake clock ------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _FakeEncoder:
+    """Stands in for TorchEncoder: a variant's batch costs ``cost[name]`` fake seconds, a
+    bf16 variant's vectors are its fp32 ones turned by ``drift``; compiling ``broken``
+    raises."""
+
+    def __init__(self, clock: _Clock, cost: dict[str, float], drift: float = 0.0) -> None:
+        import torch
+
+        from worker.encoder.base import ModelInfo
+        from worker.encoder.torch_backend import Variant
+
+        self.clock, self.cost, self.drift = clock, cost, drift
+        self.broken: set[str] = set()
+        self.info = ModelInfo("m", Path("."), 4, 128, "mean", "float32", "cpu")
+        self.current = Variant(torch.float32, "fp32-weights", "fp32-weights", False)
+        self.installed: list[str] = []
+        self.pinned: list[bool] = []
+
+    def prepare(self, batch: Any) -> Any:
+        return len(batch)
+
+    def module(self, dtype: Any) -> str:
+        return f"{dtype}-weights"
+
+    def variant(self, dtype: Any, *, compiled: bool) -> Any:
+        from worker.encoder.torch_backend import Variant
+
+        return Variant(dtype, self.module(dtype), "graph" if compiled else "eager", compiled)
+
+    def compile_variant(self, variant: Any, prepared: Any) -> None:
+        if variant.name in self.broken:
+            raise RuntimeError("no C++ compiler")
+
+    def run_variant(self, variant: Any, rows: int) -> Any:
+        self.clock.now += self.cost.get(variant.name, 1.0)
+        vectors = np.tile(np.array([1.0, 0.0, 0.0, 0.0], dtype=np.float32), (rows, 1))
+        if "bfloat16" in variant.name:
+            vectors[:, 1] = self.drift
+        return vectors
+
+    def install(self, variant: Any) -> None:
+        self.current = variant
+        self.installed.append(variant.name)
+
+    def pin_threads(self, pinned: bool) -> None:
+        self.pinned.append(pinned)
+
+    def drop_modules_except(self, keep: Any) -> None:
+        pass
+
+
+def _tune(encoder: _FakeEncoder, options: list[Candidate], **kwargs: Any) -> Any:
+    from worker.encoder.autotune import tune
+
+    return tune(
+        encoder,
+        options,
+        workload=[[[1, 2, 3]] * 4] * 3,
+        reference_ids=[[1, 2]] * 5,
+        min_mean_cosine=kwargs.pop("min_mean_cosine", 0.99),
+        budget_s=kwargs.pop("budget_s", 300.0),
+        on_encoder=lambda fn: fn(),
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    from worker.encoder import autotune
+
+    fake = _Clock()
+    monkeypatch.setattr(autotune.time, "perf_counter", fake)
+    monkeypatch.setattr(autotune.time, "monotonic", fake)
+    return fake
+
+
+def test_tuner_installs_the_best_eager_first_then_the_fastest_of_all(clock: _Clock) -> None:
+    cost = {"float32/eager": 3.0, "bfloat16/eager": 2.0, "float32/compiled": 1.0}
+    cost["bfloat16/compiled"] = 1.5
+    encoder = _FakeEncoder(clock, cost)
+    switched: list[str] = []
+    result = _tune(
+        encoder, candidates("auto", "auto", "cpu"), on_switch=lambda c: switched.append(c.name)
+    )
+    assert encoder.installed == ["bfloat16/eager", "float32/compiled"]
+    assert switched == encoder.installed
+    assert result.chosen == Candidate("float32", True)
+    assert result.phase == "compiled"
+    speeds = {row.candidate.name: row.texts_per_s for row in result.table}
+    assert speeds == {name: 12 / (3 * c) for name, c in cost.items()}
+    assert [row.chosen for row in result.table] == [False, False, True, False]
+    assert encoder.pinned == [True, False]  # pinned while tuning, released after
+
+
+def test_tuner_leaves_out_what_drifts_fails_to_compile_or_the_gate_rejects(clock: _Clock) -> None:
+    cost = {"float32/eager": 3.0, "bfloat16/eager": 1.0, "float32/compiled": 2.0}
+    cost["bfloat16/compiled"] = 0.5
+    encoder = _FakeEncoder(clock, cost, drift=0.5)  # bf16 vectors: cosine 0.89 to fp32
+    encoder.broken.add("float32/compiled")
+    result = _tune(encoder, candidates("auto", "auto", "cpu"))
+    status = {row.candidate.name: row.status for row in result.table}
+    assert status == {
+        "float32/eager": "ok",
+        "bfloat16/eager": "quality",
+        "float32/compiled": "failed",
+        "bfloat16/compiled": "quality",
+    }
+    assert encoder.installed == []  # the safe variant stays
+    assert result.chosen == Candidate("float32", False)
+    assert result.phase == "eager"
+
+    encoder = _FakeEncoder(clock, cost)
+    gated: list[int] = []
+
+    def gate(candidate: Any, reference: Any) -> str | None:
+        gated.append(len(candidate([[1, 2], [3]])))
+        return "Spearman dropped 0.9 > 0.5"
+
+    result = _tune(encoder, candidates("auto", "off", "cpu"), gate=gate)
+    assert gated == [2]
+    assert encoder.installed == []
+    assert [row.status for row in result.table] == ["ok", "quality"]
+
+
+def test_tuner_skips_what_the_budget_does_not_reach_and_builds_a_lone_explicit_one(
+    clock: _Clock,
+) -> None:
+    encoder = _FakeEncoder(clock, {"float32/eager": 10.0})
+    result = _tune(encoder, candidates("auto", "auto", "cpu"), budget_s=5.0)
+    assert [row.status for row in result.table][2:] == ["skipped", "skipped"]
+
+    encoder = _FakeEncoder(clock, {})
+    result = _tune(encoder, candidates("float32", "on", "cpu"), budget_s=0.0)
+    assert encoder.installed == ["float32/compiled"]
+    assert result.table[0].texts_per_s is None  # nothing to compare it with: not timed
