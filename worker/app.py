@@ -620,7 +620,7 @@ def _live_info(info: dict[str, Any]) -> dict[str, Any]:
     """/info now: the static description, each model's dtype, compilation and tuning as
     they are at this moment (the tuner may have switched them)."""
     tunings: dict[str, Any] = info.get("_tunings", {})
-    live = {key: value for key, value in info.items() if key != "_tunings"}
+    live = {key: value for key, value in info.items() if not key.startswith("_")}
     served = info.get("_served", {})
     models = []
     for model in live.get("models", []):

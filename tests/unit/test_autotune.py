@@ -127,7 +127,8 @@ class _FakeEncoder:
         self.clock, self.cost, self.drift = clock, cost, drift
         self.broken: set[str] = set()
         self.info = ModelInfo("m", Path("."), 4, 128, "mean", "float32", "cpu")
-        self.current = Variant(torch.float32, "fp32-weights", "fp32-weights", False)
+        weights: Any = "fp32-weights"
+        self.current = Variant(torch.float32, weights, weights, False)
         self.installed: list[str] = []
         self.pinned: list[bool] = []
 
@@ -140,7 +141,8 @@ class _FakeEncoder:
     def variant(self, dtype: Any, *, compiled: bool) -> Any:
         from worker.encoder.torch_backend import Variant
 
-        return Variant(dtype, self.module(dtype), "graph" if compiled else "eager", compiled)
+        weights: Any = self.module(dtype)
+        return Variant(dtype, weights, "graph" if compiled else "eager", compiled)
 
     def compile_variant(self, variant: Any, prepared: Any) -> None:
         if variant.name in self.broken:
@@ -181,11 +183,11 @@ def _tune(encoder: _FakeEncoder, options: list[Candidate], **kwargs: Any) -> Any
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
-    from worker.encoder import autotune
+    import time
 
     fake = _Clock()
-    monkeypatch.setattr(autotune.time, "perf_counter", fake)
-    monkeypatch.setattr(autotune.time, "monotonic", fake)
+    monkeypatch.setattr(time, "perf_counter", fake)
+    monkeypatch.setattr(time, "monotonic", fake)
     return fake
 
 
@@ -248,3 +250,31 @@ def test_tuner_skips_what_the_budget_does_not_reach_and_builds_a_lone_explicit_o
     result = _tune(encoder, candidates("float32", "on", "cpu"), budget_s=0.0)
     assert encoder.installed == ["float32/compiled"]
     assert result.table[0].texts_per_s is None  # nothing to compare it with: not timed
+
+
+def test_info_shows_each_models_tuning_and_live_variant_as_json() -> None:
+    """/info is built per request: the variant served now and the tuning table, and none
+    of the objects it is built from."""
+    import json
+
+    from worker.app import _live_info
+    from worker.encoder.autotune import TuningResult
+    from worker.encoder.base import ModelInfo
+
+    class Served:
+        info = ModelInfo("m", Path("."), 4, 128, "mean", "bfloat16", "cpu", compiled=True)
+
+    tuning = TuningResult("compiled", [Measurement(Candidate("bfloat16", True), "ok", 800.0)])
+    info = {
+        "version": "1",
+        "models": [{"name": "m", "dtype": "float32", "compiled": False}],
+        "model": None,
+        "_tunings": {"m": tuning},
+        "_served": {"m": Served()},
+    }
+    live = json.loads(json.dumps(_live_info(info)))
+    assert set(live) == {"version", "models", "model"}
+    assert live["model"]["dtype"] == "bfloat16"
+    assert live["model"]["compiled"] is True
+    assert live["model"]["tuning"]["phase"] == "compiled"
+    assert live["model"]["tuning"]["table"][0]["texts_per_s"] == 800.0
