@@ -14,7 +14,7 @@ measures, on the machine it runs on:
 4. the fastest is installed (an attribute swap between two batches).
 
 Model execution (timing, reference vectors) runs on the encoder thread, through
-``on_encoder``, between the batches being served; only compilation, which would hold the
+``on_encoder``, one batch at a time between the batches being served; only compilation, which would hold the
 encoder for many seconds, runs on the tuner's own thread. While tuning, the encoder keeps
 the full thread count (torch's thread count is process-wide and a compiled graph guards
 on it). The tuner never touches requests, so a switch can neither lose nor repeat one.
@@ -241,11 +241,15 @@ def tune(
     def vectors(variant: Variant, batches: Sequence[Any]) -> npt.NDArray[np.float32]:
         return np.concatenate([encoder.run_variant(variant, p) for p in batches])
 
-    def timed(variant: Variant) -> float:
+    def run_timed(variant: Variant, batch: Any) -> float:
         begun = time.perf_counter()
-        for p in prepared:
-            encoder.run_variant(variant, p)
+        encoder.run_variant(variant, batch)
         return time.perf_counter() - begun
+
+    def timed(variant: Variant) -> float:
+        # One batch per slice on the encoder thread: served batches interleave with the
+        # measurement batch by batch (a whole pass would hold them back for seconds).
+        return sum(on_encoder(partial(run_timed, variant, p)) for p in prepared)
 
     on_encoder(lambda: encoder.pin_threads(True))
     try:
@@ -275,7 +279,7 @@ def tune(
                     row.texts_per_s = None
                 for _ in range(ROUNDS):
                     for row in ok:
-                        seconds = on_encoder(partial(timed, variants[row.candidate]))
+                        seconds = timed(variants[row.candidate])
                         speed = texts / seconds
                         row.texts_per_s = max(row.texts_per_s or 0.0, speed)
             pick = choose(result.table)
