@@ -14,10 +14,11 @@ measures, on the machine it runs on:
 4. the fastest is installed (an attribute swap between two batches).
 
 Model execution (timing, reference vectors) runs on the encoder thread, through
-``on_encoder``, one batch at a time between the batches being served; only compilation, which would hold the
-encoder for many seconds, runs on the tuner's own thread. While tuning, the encoder keeps
-the full thread count (torch's thread count is process-wide and a compiled graph guards
-on it). The tuner never touches requests, so a switch can neither lose nor repeat one.
+``on_encoder``, one batch at a time between the batches being served; only compilation,
+which would hold the encoder for many seconds, runs on the tuner's own thread. While
+tuning, the encoder keeps the full thread count (torch's thread count is process-wide and
+a compiled graph guards on it). The tuner never touches requests, so a switch can
+neither lose nor repeat one.
 """
 
 from __future__ import annotations
@@ -249,7 +250,7 @@ def tune(
     def timed(variant: Variant) -> float:
         # One batch per slice on the encoder thread: served batches interleave with the
         # measurement batch by batch (a whole pass would hold them back for seconds).
-        return sum(on_encoder(partial(run_timed, variant, p)) for p in prepared)
+        return float(sum(on_encoder(partial(run_timed, variant, p)) for p in prepared))
 
     on_encoder(lambda: encoder.pin_threads(True))
     try:
