@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.batcher import Batcher, Item
+from worker.encoder import autotune
 from worker.encoder.models import resolve_model_dir
 from worker.encoder.torch_backend import TorchEncoder, resolve_compile, resolve_device
 from worker.tokenization import TextTokenizer
@@ -38,16 +39,42 @@ class Throughput:
 
 
 class InProcess:
-    def __init__(self, model: str, dtype: str, torch_compile: str = "auto") -> None:
+    def __init__(
+        self, model: str, dtype: str, torch_compile: str = "auto", max_batch_tokens: int = 2048
+    ) -> None:
         self.model_dir = resolve_model_dir(model)
-        compiled = resolve_compile(torch_compile, resolve_device("auto"))
-        self.encoder = TorchEncoder(self.model_dir, model, dtype=dtype, compile=compiled)
-        self.tokenizer = TextTokenizer.from_model_dir(
-            self.model_dir, self.encoder.info.max_seq_length
-        )
+        self.tuning: dict[str, Any] | None = None
+        if "auto" in (dtype, torch_compile):
+            # As the worker does: start from the safe variant, measure, keep the fastest.
+            self.encoder = TorchEncoder(
+                self.model_dir, model, dtype="float32" if dtype == "auto" else dtype
+            )
+            self.tokenizer = TextTokenizer.from_model_dir(
+                self.model_dir, self.encoder.info.max_seq_length
+            )
+            self.tuning = self._tune(dtype, torch_compile, max_batch_tokens)
+        else:
+            compiled = resolve_compile(torch_compile, resolve_device("auto"))
+            self.encoder = TorchEncoder(self.model_dir, model, dtype=dtype, compile=compiled)
+            self.tokenizer = TextTokenizer.from_model_dir(
+                self.model_dir, self.encoder.info.max_seq_length
+            )
         # The first calls pay one-off set-up (and compilation, at both thread counts).
         self.encoder.encode([[101, 2023, 102]] * 64)
         self.encoder.encode([[101, 102]])
+
+    def _tune(self, dtype: str, torch_compile: str, max_batch_tokens: int) -> dict[str, Any]:
+        ids = [piece.ids for piece in self.tokenizer.encode(autotune.workload_texts())]
+        result = autotune.tune(
+            self.encoder,
+            autotune.candidates(dtype, torch_compile, self.encoder.device.type),
+            workload=autotune.tuning_workload(ids, max_batch_tokens, 256),
+            reference_ids=[p.ids for p in self.tokenizer.encode(autotune.tuning_texts()[:48])],
+            min_mean_cosine=0.99,
+            budget_s=600,
+            on_encoder=lambda fn: fn(),
+        )
+        return result.as_dict()
 
     def throughput(
         self, texts: list[str], max_batch_tokens: int, max_batch_size: int = 256

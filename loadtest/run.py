@@ -300,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             try:
                 worker.wait_ready()
+                worker.wait_tuned()  # dtype/compile auto: measure what it settles on
                 steps.update()
                 results["worker_settings"] = settings
                 assert kafka.pid is not None

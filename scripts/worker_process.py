@@ -83,6 +83,23 @@ class WorkerProcess:
             time.sleep(0.2)
         self.wait_for("partitions.assigned", timeout=0)
 
+    def wait_tuned(self, timeout: float = 600.0) -> None:
+        """Wait until the worker serves the variant its start-up tuning chose (at once when
+        it does not tune): benchmarks measure the steady state, not the tuning window."""
+        self.wait_for("worker.started", timeout=timeout)
+        # start_tuning runs before worker.started is logged: a tuning model is visible now.
+        if any(e.get("event") == "encoder.tuning_started" for e in self.events()) or (
+            self._tuning_now()
+        ):
+            self.wait_for("encoder.tuned", timeout=timeout)
+
+    def _tuning_now(self) -> bool:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.http_url}/info", timeout=10) as response:
+            info = json.loads(response.read())
+        return any((m.get("tuning") or {}).get("phase") == "tuning" for m in info["models"])
+
     @property
     def http_url(self) -> str:
         """Base URL of the worker's HTTP endpoint (waits for it to be listening)."""

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
@@ -43,6 +45,8 @@ __all__ = [
     "load_model",
     "load_served_model",
     "run_worker",
+    "start_tuning",
+    "tune_model",
 ]
 
 log = structlog.get_logger("kembed.worker")
@@ -59,20 +63,27 @@ _RECORD_OVERHEAD = 64 * 1024
 def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozenset[str]]:
     """Load the encoder and tokenizer of a single-model ``settings``, and the names requests
     may use for the model."""
+    from worker.encoder.autotune import initial_candidate
     from worker.encoder.models import aliases_for, resolve_model_dir
     from worker.encoder.torch_backend import TorchEncoder, resolve_compile, resolve_device
 
     model_dir = resolve_model_dir(settings.model)
     probe = TextTokenizer.from_model_dir(model_dir, 512)
+    device = resolve_device(settings.device)
+    if settings.quantization == "none":
+        # The safe variant; tune_model measures the others (and compiles) later.
+        dtype, compile = initial_candidate(settings.dtype, device.type).dtype, False
+    else:  # quantized: nothing to tune (bitsandbytes' kernels do not compile)
+        dtype, compile = settings.dtype, resolve_compile(settings.torch_compile, device)
     encoder = TorchEncoder(
         model_dir,
         settings.served_name(),
         device=settings.device,
-        dtype=settings.dtype,
+        dtype=dtype,
         max_seq_length=settings.max_seq_length,
         pad_id=probe.pad_id,
         threads=settings.torch_threads,
-        compile=resolve_compile(settings.torch_compile, resolve_device(settings.device)),
+        compile=compile,
         quantization=settings.quantization,
         pooling=settings.pooling,
     )
@@ -112,6 +123,167 @@ ModelLoader: TypeAlias = Callable[[WorkerSettings, ModelSpec], ServedModel]
 that measures the worker without its model (``loadtest.ceiling_worker``), a stand-in."""
 
 
+def tuning_options(settings: WorkerSettings, encoder: Encoder) -> list[Any]:
+    """The candidates tune_model measures for a single-model ``settings`` (none to measure
+    when the explicit settings leave only the variant already served)."""
+    from worker.encoder.autotune import Candidate, candidates
+
+    if settings.quantization != "none":
+        return []
+    from worker.encoder.torch_backend import TorchEncoder, bf16_supported
+
+    if not isinstance(encoder, TorchEncoder):
+        return []  # an encoder without variants (a benchmark's stand-in) serves as it is
+
+    device = encoder.info.device.split(":")[0]
+    bf16 = bf16_supported(device)
+    options = candidates(settings.dtype, settings.torch_compile, device, bf16_supported=bf16)
+    if options == [Candidate(encoder.info.dtype, encoder.info.compiled)]:
+        return []
+    if settings.tune_budget_s == 0 and len(options) > 1:
+        return []  # no measuring: the safe variant stays
+    return options
+
+
+def tune_model(
+    model: ServedModel,
+    settings: WorkerSettings,
+    on_encoder: Callable[[Callable[[], Any]], Any],
+    result: Any,
+    metrics: Metrics | None = None,
+) -> Any:
+    """Measure and install the fastest variant of ``model`` (worker/encoder/autotune.py).
+    Blocking; runs on a thread of its own, ``on_encoder`` reaching the encoder thread."""
+    from worker.encoder import autotune
+
+    options = tuning_options(settings, model.encoder)
+    tokenizer = model.tokenizer
+    ids = [piece.ids for piece in tokenizer.encode(autotune.workload_texts())]
+    workload = autotune.tuning_workload(ids, settings.max_batch_tokens, settings.max_batch_size)
+    reference = [piece.ids for piece in tokenizer.encode(autotune.tuning_texts()[:48])]
+    gate = _tuning_gate(settings, tokenizer) if settings.quality_gate else None
+
+    def switched(candidate: Any) -> None:
+        if metrics is not None:
+            _set_phase(metrics, model.name, "compiled" if candidate.compiled else "tuning")
+
+    outcome = autotune.tune(
+        model.encoder,
+        options,
+        workload=workload,
+        reference_ids=reference,
+        min_mean_cosine=settings.quality_min_mean_cosine,
+        budget_s=settings.tune_budget_s,
+        on_encoder=on_encoder,
+        result=result,
+        on_switch=switched,
+        gate=gate,
+    )
+    if metrics is not None:
+        _set_phase(metrics, model.name, outcome.phase)
+        for row in outcome.table:
+            if row.texts_per_s is not None:
+                metrics.tuning_texts_per_second.labels(model.name, row.candidate.name).set(
+                    row.texts_per_s
+                )
+    return outcome
+
+
+def _tuning_gate(settings: WorkerSettings, tokenizer: TextTokenizer) -> Any:
+    """The quality gate (STS-B pairs) on a variant the tuner is about to install."""
+    thresholds = GateThresholds(
+        settings.quality_max_spearman_drop, settings.quality_min_mean_cosine
+    )
+    path = Path(settings.quality_gate_pairs) if settings.quality_gate_pairs else None
+    pairs = load_pairs(path or default_pairs_path())
+
+    def gate(candidate: Any, reference: Any) -> str | None:
+        from worker.quality import judge_embedders
+
+        def embedder(embed: Any) -> Any:
+            return lambda texts: embed([piece.ids for piece in tokenizer.encode(texts)])
+
+        report = judge_embedders(pairs, embedder(reference), embedder(candidate), thresholds)
+        return None if report.passed else report.summary()
+
+    return gate
+
+
+def _set_phase(metrics: Metrics, model: str, phase: str) -> None:
+    for known in ("tuning", "eager", "compiled"):
+        metrics.encoder_phase.labels(model, known).set(1.0 if known == phase else 0.0)
+
+
+def start_tuning(
+    models: list[ServedModel],
+    settings: WorkerSettings,
+    encode_thread: ThreadPoolExecutor,
+    metrics: Metrics,
+    tunings: dict[str, Any],
+) -> _Tuner | None:
+    """Tune ``models`` one after the other on a thread of their own, while they serve."""
+    from worker.encoder.autotune import TuningResult
+
+    todo = []
+    for model, spec in zip(models, settings.model_specs(), strict=True):
+        model_settings = settings.for_model(spec)
+        if tuning_options(model_settings, model.encoder):
+            tunings[model.name] = TuningResult("tuning")
+            _set_phase(metrics, model.name, "tuning")
+            todo.append((model, model_settings))
+        else:
+            _set_phase(metrics, model.name, "compiled" if model.encoder.info.compiled else "eager")
+    if not todo:
+        return None
+
+    stopping = threading.Event()
+
+    def on_encoder(fn: Callable[[], Any]) -> Any:
+        if stopping.is_set():
+            raise _TunerStoppedError
+        return encode_thread.submit(fn).result()
+
+    def work() -> None:
+        for model, model_settings in todo:
+            try:
+                tune_model(model, model_settings, on_encoder, tunings[model.name], metrics)
+            except (_TunerStoppedError, CancelledError):
+                return  # the worker is stopping
+            except RuntimeError as exc:
+                if "shutdown" in str(exc):  # the encoder thread is gone: stopping
+                    return
+                _tuning_failed(model, exc, tunings, metrics)
+            except Exception as exc:  # noqa: BLE001 (the served variant stays; say why)
+                _tuning_failed(model, exc, tunings, metrics)
+
+    thread = _Tuner(target=work, name="kembed-tuner", daemon=True)
+    thread.stopping = stopping
+    thread.start()
+    return thread
+
+
+class _TunerStoppedError(Exception):
+    """The worker is stopping: the tuner leaves at its next step."""
+
+
+class _Tuner(threading.Thread):
+    stopping: threading.Event
+
+    def stop(self, timeout: float) -> None:
+        """Ask the tuner to stop and wait for it (a compilation under way finishes)."""
+        self.stopping.set()
+        self.join(timeout)
+
+
+def _tuning_failed(
+    model: ServedModel, exc: Exception, tunings: dict[str, Any], metrics: Metrics
+) -> None:
+    phase = "compiled" if model.encoder.info.compiled else "eager"
+    tunings[model.name].phase = phase
+    _set_phase(metrics, model.name, phase)
+    log.error("encoder.tuning_failed", model=model.name, error=type(exc).__name__, serving=phase)
+
+
 def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
     """Run the largest batch shape once, so the first real request pays no start-up cost
     (and a compiled model is compiled now). Must run on the thread that will encode: torch's
@@ -133,6 +305,9 @@ async def run_worker(settings: WorkerSettings, *, load: ModelLoader = load_serve
     log.info("worker.starting", version=VERSION, settings=redacted(settings.model_dump()))
     metrics = Metrics()
     probes = Probes(stuck_batch_s=settings.health_stuck_batch_s)
+    if settings.compile_cache_dir:
+        # inductor reads it when it first compiles (after this, in the tuner or warm-up).
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = settings.compile_cache_dir
     info: dict[str, Any] = worker_info(settings, None)
     metrics.ready.set_function(partial(_ready_value, probes))
     server = HttpServer(
@@ -142,7 +317,7 @@ async def run_worker(settings: WorkerSettings, *, load: ModelLoader = load_serve
             "/health": probes.health_response,
             "/ready": probes.ready_response,
             "/metrics": lambda: (200, CONTENT_TYPE, metrics.exposition()),
-            "/info": lambda: (200, "application/json", _json(info)),
+            "/info": lambda: (200, "application/json", _json(_live_info(info))),
         },
     )
     await server.start()
@@ -251,14 +426,32 @@ async def _load_and_run(
         _log_loaded(model, loaded - started, warmed - loaded)
         probes.phase = "loading"
     models = _distinct_names(models, settings)
+    tunings: dict[str, Any] = {}
+    info["_tunings"] = tunings
+    if not settings.tune_in_background:
+        # Measure (and compile) before joining: ready later, at full speed at once.
+        probes.phase = "tuning"
+        started = time.monotonic()
+        before = start_tuning(models, settings, encode_thread, metrics, tunings)
+        if before is not None:
+            await loop.run_in_executor(None, before.join)
+        warmup_s += time.monotonic() - started
     metrics.model_load_seconds.set(load_s)
     metrics.warmup_seconds.set(warmup_s)
     info.update(worker_info(settings, models))
+    info["_served"] = {model.name: model.encoder for model in models}
     metrics.info.info({k: str(v) for k, v in info["model"].items()} | {"version": VERSION})
     if settings.quality_gate:
         probes.phase = "validating"
-        for spec in settings.model_specs():
-            gated = settings.for_model(spec)
+        for spec, model in zip(settings.model_specs(), models, strict=True):
+            # The variant served now; the tuner gates a variant before installing it.
+            served = model.encoder.info
+            gated = settings.for_model(spec).model_copy(
+                update={
+                    "dtype": served.dtype,
+                    "torch_compile": "on" if served.compiled else "off",
+                }
+            )
             report = await loop.run_in_executor(None, run_quality_gate, gated)
             fields = report.as_dict() | {"model": spec.served_name()}
             if not report.passed:
@@ -292,9 +485,13 @@ async def _load_and_run(
         loop.add_signal_handler(sig, _stop, pipeline, probes, sig)
     cards = [{key: model[key] for key in MODEL_FIELDS} for model in info["models"]]
     announcer = await start_announcer(settings, cards, security)
+    tuner: _Tuner | None = None
     try:
         await source.start(pipeline.on_revoked, pipeline.on_assigned)
         probes.phase = "serving"
+        if settings.tune_in_background:
+            # After joining, so that compiling never delays readiness.
+            tuner = start_tuning(models, settings, encode_thread, metrics, tunings)
         log.info(
             "worker.started",
             topics=interactive_topics,
@@ -308,6 +505,8 @@ async def _load_and_run(
             await pipeline.run()
         finally:
             probes.phase = "stopped"
+            if tuner is not None:
+                await loop.run_in_executor(None, tuner.stop, settings.shutdown_timeout_s)
             await source.stop()
     finally:
         if announcer is not None:
@@ -438,6 +637,26 @@ def worker_info(settings: WorkerSettings, models: list[ServedModel] | None) -> d
         "client_id": settings.client_id,
         "delivery": settings.delivery,
     }
+
+
+def _live_info(info: dict[str, Any]) -> dict[str, Any]:
+    """/info now: the static description, each model's dtype, compilation and tuning as
+    they are at this moment (the tuner may have switched them)."""
+    tunings: dict[str, Any] = info.get("_tunings", {})
+    live = {key: value for key, value in info.items() if not key.startswith("_")}
+    served = info.get("_served", {})
+    models = []
+    for model in live.get("models", []):
+        entry = dict(model)
+        encoder = served.get(model["name"])
+        if encoder is not None:
+            entry["dtype"], entry["compiled"] = encoder.info.dtype, encoder.info.compiled
+        tuning = tunings.get(model["name"])
+        entry["tuning"] = tuning.as_dict() if tuning is not None else None
+        models.append(entry)
+    live["models"] = models
+    live["model"] = models[0] if models else None
+    return live
 
 
 def _ready_value(probes: Probes) -> float:

@@ -369,8 +369,23 @@ def _run_validate(args: argparse.Namespace) -> int:
             json.dump(report.as_dict() | ({"model": name} if len(specs) > 1 else {}), sys.stdout)
             sys.stdout.write("\n")
         else:
+            if report.tuning is not None:
+                print(_tuning_table(name, report.tuning))
             print(f"{name}: {report.summary()}" if len(specs) > 1 else report.summary())
     return 0 if passed else 1
+
+
+def _tuning_table(name: str, tuning: dict[str, Any]) -> str:
+    """dtype/torch_compile auto as measured, one line per candidate."""
+    lines = [f"{name}: auto measured {len(tuning['table'])} candidates, chose {tuning['chosen']}"]
+    for row in tuning["table"]:
+        speed = "-" if row["texts_per_s"] is None else f"{row['texts_per_s']:.0f} texts/s"
+        cosine = "-" if row["mean_cosine"] is None else f"{row['mean_cosine']:.5f}"
+        mark = " <- chosen" if row["chosen"] else ""
+        lines.append(
+            f"  {row['candidate']:<18} {row['status']:<8} {speed:>14}  cosine {cosine}{mark}"
+        )
+    return "\n".join(lines)
 
 
 def _run_embed(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ __all__ = [
     "QualityReport",
     "default_pairs_path",
     "judge",
+    "judge_embedders",
     "load_pairs",
     "spearman",
     "stsb_dir",
@@ -64,6 +65,8 @@ class QualityReport:
     failures: list[str]
     candidate: dict[str, Any] = field(default_factory=dict)
     reference: dict[str, Any] = field(default_factory=dict)
+    tuning: dict[str, Any] | None = None
+    """dtype/torch_compile auto: the candidates measured and the one chosen."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,6 +153,24 @@ def judge(
     )
 
 
+def judge_embedders(
+    pairs: Sequence[Pair],
+    reference: Callable[[list[str]], npt.NDArray[np.float32]],
+    candidate: Callable[[list[str]], npt.NDArray[np.float32]],
+    thresholds: GateThresholds,
+) -> QualityReport:
+    """The gate for two embedding functions (texts -> unnormalized vectors)."""
+    sentences = sorted({s for p in pairs for s in (p.first, p.second)})
+    expected, actual = _normalized(reference(sentences)), _normalized(candidate(sentences))
+    return judge(pairs, sentences, expected, actual, thresholds)
+
+
+def _normalized(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    out: npt.NDArray[np.float32] = vectors / np.maximum(norms, 1e-12)
+    return out
+
+
 def validate(
     settings: Any, pairs: Sequence[Pair], thresholds: GateThresholds, batch: int = 64
 ) -> QualityReport:
@@ -171,16 +192,20 @@ def validate(
         "threads": settings.torch_threads,
         "pooling": settings.pooling,
     }
+    device = resolve_device(settings.device)
+    tune = settings.quantization == "none" and "auto" in (settings.dtype, settings.torch_compile)
     candidate = TorchEncoder(
         model_dir,
         settings.served_name(),
         device=settings.device,
-        dtype=settings.dtype,
+        # auto: measured below, from the worker's safe start
+        dtype="float32" if tune and settings.dtype == "auto" else settings.dtype,
         max_seq_length=settings.max_seq_length,
-        compile=resolve_compile(settings.torch_compile, resolve_device(settings.device)),
+        compile=False if tune else resolve_compile(settings.torch_compile, device),
         quantization=settings.quantization,
         **common,
     )
+    tuning = _tune(settings, candidate, probe) if tune else None
     reference = TorchEncoder(
         model_dir,
         "reference",
@@ -206,7 +231,29 @@ def validate(
     report = judge(pairs, sentences, embed(reference), embed(candidate), thresholds)
     report.candidate = _describe(candidate.info)
     report.reference = _describe(reference.info)
+    report.tuning = tuning
     return report
+
+
+def _tune(settings: Any, encoder: Any, probe: Any) -> dict[str, Any]:
+    """What ``auto`` picks on this machine, as a worker would measure it; the table."""
+    from worker.encoder import autotune
+
+    tokenizer = probe.__class__.from_model_dir(encoder.info.path, encoder.info.max_seq_length)
+    ids = [piece.ids for piece in tokenizer.encode(autotune.workload_texts())]
+    options = autotune.candidates(
+        settings.dtype, settings.torch_compile, encoder.device.type, bf16_supported=True
+    )
+    result = autotune.tune(
+        encoder,
+        options,
+        workload=autotune.tuning_workload(ids, settings.max_batch_tokens, settings.max_batch_size),
+        reference_ids=[p.ids for p in tokenizer.encode(autotune.tuning_texts()[:48])],
+        min_mean_cosine=settings.quality_min_mean_cosine,
+        budget_s=settings.tune_budget_s,
+        on_encoder=lambda fn: fn(),
+    )
+    return result.as_dict()
 
 
 def _describe(info: Any) -> dict[str, Any]:

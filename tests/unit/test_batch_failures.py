@@ -515,11 +515,12 @@ def test_torch_encoder_reports_out_of_memory_as_encoder_out_of_memory(
         raise error
 
     monkeypatch.setattr(torch_encoder, "_forward_pooled", forward_pooled)
-    monkeypatch.setattr(torch_encoder, "_compiled", compiled)
+    monkeypatch.setattr(torch_encoder.current, "compiled", compiled)
     with pytest.raises(EncoderOutOfMemoryError) as raised:
-        torch_encoder.encode([[101, 7592, 102], [101, 102]])
+        # Over 64 padded tokens: a compiled variant runs its compiled forward for this.
+        torch_encoder.encode([[101] + [7592] * 40 + [102]] * 2)
     assert raised.value.__cause__ is error
-    assert torch_encoder._compiled is compiled
+    assert torch_encoder.current.compiled is compiled
 
 
 def test_torch_encoder_passes_other_errors_on_unchanged(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from worker.encoder.base import EncoderOutOfMemoryError, ModelInfo, Prepared
 from worker.encoder.pooling import POOLING_MODES, pool, read_pooling_mode
 from worker.encoder.quantize import memory_bytes, quantize_linear_layers
 
-__all__ = ["TorchEncoder", "resolve_compile", "resolve_device", "resolve_dtype"]
+__all__ = ["TorchEncoder", "Variant", "resolve_compile", "resolve_device", "resolve_dtype"]
 
 log = structlog.get_logger("kembed.encoder")
 
@@ -53,6 +53,12 @@ def cpu_has_fast_bf16() -> bool:
     except OSError:
         return False
     return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def bf16_supported(device_type: str) -> bool:
+    """Whether bf16 is a candidate: on CUDA when the GPU computes it; CPUs emulate it at
+    worst, and the tuner measures whether it pays."""
+    return bool(torch.cuda.is_bf16_supported()) if device_type == "cuda" else True
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -84,6 +90,28 @@ def _max_seq_length(model_dir: Path, config_limit: int) -> int:
     return config_limit
 
 
+@dataclass(slots=True)
+class Variant:
+    """One way to run the model: its weights in ``dtype``, eagerly or under torch.compile.
+
+    A compiled variant runs batches of at most ``_SINGLE_THREAD_TOKENS`` padded tokens on
+    its eager module at one thread: the compiled graph is specialized on the torch thread
+    count (a global), so it is compiled for the full count only. That halves compilation,
+    and lets a compiled variant be built on another thread while the encoder serves (the
+    thread count then stays put until the variant is installed).
+    """
+
+    dtype: torch.dtype
+    module: torch.nn.Module
+    forward: Any
+    compiled: bool
+
+    @property
+    def name(self) -> str:
+        mode = "compiled" if self.compiled else "eager"
+        return f"{str(self.dtype).removeprefix('torch.')}/{mode}"
+
+
 class TorchEncoder:
     def __init__(
         self,
@@ -99,21 +127,25 @@ class TorchEncoder:
         quantization: str = "none",
         pooling: str = "auto",
     ) -> None:
+        """``dtype`` ``auto`` and ``compile`` here follow the static rules of
+        :func:`resolve_dtype`; the worker starts from an explicit, safe variant and lets
+        :mod:`worker.encoder.autotune` install a measured one (:meth:`install`)."""
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # not a log line
         hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # no load reports
         self._threads = threads or torch.get_num_threads()
         self._current_threads = 0
+        self._pinned = False
         self._device = resolve_device(device)
-        self._dtype = resolve_dtype(dtype, self._device)
-        model = _load(model_dir, self._dtype)
-        if quantization != "none":
-            quantize_linear_layers(model, quantization, compute_dtype=self._dtype)
-            if compile:
-                # bitsandbytes' kernels are opaque to inductor: nothing to fuse or prepack.
-                log.info("encoder.compile_skipped", reason=f"quantization={quantization}")
-                compile = False
-        self._model = model.to(self._device).eval()
-        config: Any = getattr(self._model, "config")  # noqa: B009 (untyped HF attribute)
+        self._model_dir = model_dir
+        self._quantization = quantization
+        self._modules: dict[torch.dtype, torch.nn.Module] = {}
+        first_dtype = resolve_dtype(dtype, self._device)
+        model = self.module(first_dtype)
+        if quantization != "none" and compile:
+            # bitsandbytes' kernels are opaque to inductor: nothing to fuse or prepack.
+            log.info("encoder.compile_skipped", reason=f"quantization={quantization}")
+            compile = False
+        config: Any = getattr(model, "config")  # noqa: B009 (untyped HF attribute)
         positions = int(getattr(config, "max_position_embeddings", 512))
         limit = _max_seq_length(model_dir, positions)
         self._pooling = read_pooling_mode(model_dir) if pooling == "auto" else pooling
@@ -122,20 +154,77 @@ class TorchEncoder:
             raise ValueError(f"unknown pooling {pooling!r}; known: auto, {known}")
         self._pad_id = pad_id
         self._uses_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
-        self._forward: Any = _compiled(self._model) if compile else self._model
-        self._compiled = compile
         self.info = ModelInfo(
             name=name,
             path=model_dir,
             dim=int(config.hidden_size),
             max_seq_length=min(limit, max_seq_length or limit),
             pooling=self._pooling,
-            dtype=str(self._dtype).removeprefix("torch."),
+            dtype=str(first_dtype).removeprefix("torch."),
             device=str(self._device),
-            compiled=compile,
+            compiled=False,
             quantization=quantization,
-            memory_bytes=memory_bytes(self._model),
+            memory_bytes=memory_bytes(model),
         )
+        self._variant = Variant(first_dtype, model, model, False)
+        if compile:
+            self.install(self.variant(first_dtype, compiled=True))
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    @property
+    def current(self) -> Variant:
+        return self._variant
+
+    def module(self, dtype: torch.dtype) -> torch.nn.Module:
+        """The eager model with weights in ``dtype`` (loaded once per dtype)."""
+        if dtype not in self._modules:
+            model = _load(self._model_dir, dtype)
+            if self._quantization != "none":
+                quantize_linear_layers(model, self._quantization, compute_dtype=dtype)
+            self._modules[dtype] = model.to(self._device).eval()
+        return self._modules[dtype]
+
+    def variant(self, dtype: torch.dtype, *, compiled: bool) -> Variant:
+        """A variant (not yet installed; a compiled one compiles on its first batch)."""
+        module = self.module(dtype)
+        return Variant(dtype, module, _compiled(module) if compiled else module, compiled)
+
+    def drop_modules_except(self, keep: Sequence[torch.dtype]) -> None:
+        """Free the weights of dtypes no longer needed (after tuning)."""
+        for dtype in [d for d in self._modules if d not in keep]:
+            del self._modules[dtype]
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def install(self, variant: Variant) -> None:
+        """Serve ``variant`` from the next batch on. One attribute assignment: a batch
+        runs entirely on the variant it started with."""
+        self._variant = variant
+        self.info = replace(
+            self.info,
+            dtype=str(variant.dtype).removeprefix("torch."),
+            compiled=variant.compiled,
+            memory_bytes=memory_bytes(variant.module),
+        )
+
+    def pin_threads(self, pinned: bool) -> None:
+        """While pinned, every batch runs at the full thread count (torch's thread count is
+        process-wide: a variant compiling on another thread must not see it change)."""
+        self._pinned = pinned
+        if pinned:
+            self._use_threads(self._threads)
+
+    def compile_variant(self, variant: Variant, prepared: Prepared) -> None:
+        """Compile ``variant`` now (its first call), on the calling thread; raises what the
+        compiler raises (no eager fallback: the variant is not being served)."""
+        self._forward_pooled(variant.forward, prepared.ids, prepared.mask)
 
     def prepare(self, batch: Sequence[Sequence[int]]) -> Prepared:
         """Pad ``batch`` into id and mask arrays (cheap; done while the previous batch runs)."""
@@ -148,8 +237,12 @@ class TorchEncoder:
         return Prepared(ids, mask)
 
     def run(self, prepared: Prepared) -> npt.NDArray[np.float32]:
+        return self.run_variant(self._variant, prepared)
+
+    def run_variant(self, variant: Variant, prepared: Prepared) -> npt.NDArray[np.float32]:
+        """Run ``prepared`` on ``variant`` (installed or not), on the encoder thread."""
         try:
-            return self._run(prepared)
+            return self._run(variant, prepared)
         except Exception as exc:
             if not _out_of_memory(exc):
                 raise
@@ -161,26 +254,29 @@ class TorchEncoder:
                 f"{prepared.rows} x {prepared.ids.shape[1]} tokens did not fit on {self._device}"
             ) from exc
 
-    def _run(self, prepared: Prepared) -> npt.NDArray[np.float32]:
-        self._use_threads(1 if prepared.padded_tokens <= _SINGLE_THREAD_TOKENS else self._threads)
+    def _run(self, variant: Variant, prepared: Prepared) -> npt.NDArray[np.float32]:
+        small = prepared.padded_tokens <= _SINGLE_THREAD_TOKENS
+        self._use_threads(1 if small and not self._pinned else self._threads)
         ids, mask = prepared.ids, prepared.mask
         rows = prepared.rows
-        if self._compiled and rows == 1:
+        if not variant.compiled or (small and self._device.type == "cpu"):
+            return self._forward_pooled(variant.module, ids, mask)[:rows]
+        if rows == 1:
             # A compiled graph specializes on size 1; two identical rows reuse the dynamic
-            # graph instead of compiling a third one (a lone text costs about the same).
+            # graph instead of compiling another one (a lone text costs about the same).
             ids, mask = np.repeat(ids, 2, axis=0), np.repeat(mask, 2, axis=0)
-        if self._compiled:
-            try:
-                return self._forward_pooled(self._forward, ids, mask)[:rows]
-            except Exception as exc:  # any compiler failure: serve eagerly
-                if _out_of_memory(exc):
-                    raise  # the batch is too big, not the compiler at fault
-                # inductor needs a C++ compiler and may meet an op it cannot lower; the
-                # eager model computes the same function, only slower.
-                log.warning("encoder.compile_failed", error=type(exc).__name__, fallback="eager")
-                self._forward, self._compiled = self._model, False
-                self.info = replace(self.info, compiled=False)
-        return self._forward_pooled(self._forward, ids, mask)[:rows]
+        try:
+            return self._forward_pooled(variant.forward, ids, mask)[:rows]
+        except Exception as exc:  # any compiler failure: serve eagerly
+            if _out_of_memory(exc):
+                raise  # the batch is too big, not the compiler at fault
+            # inductor needs a C++ compiler and may meet an op it cannot lower; the eager
+            # model computes the same function, only slower.
+            log.warning("encoder.compile_failed", error=type(exc).__name__, fallback="eager")
+            variant.forward, variant.compiled = variant.module, False
+            if variant is self._variant:
+                self.install(variant)
+        return self._forward_pooled(variant.module, ids, mask)[:rows]
 
     def _forward_pooled(
         self, forward: Any, ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]
@@ -200,7 +296,7 @@ class TorchEncoder:
         return self.run(self.prepare(batch))
 
     def _use_threads(self, threads: int) -> None:
-        # torch's thread count belongs to the calling thread, so it is set where run() runs.
+        # torch's thread count is process-wide; only the encoder thread changes it.
         if threads != self._current_threads:
             torch.set_num_threads(threads)
             self._current_threads = threads
@@ -221,7 +317,7 @@ def _compiled(model: torch.nn.Module) -> Any:
     Freezing folds the (inference-only) weights into the graph as constants, which lets
     inductor prepack them for oneDNN's AMX/AVX-512 matmuls; most of the gain on CPU comes
     from that and from fusing GELU, layer norm and the residual adds. Compilation happens on
-    the first call (the worker's warm-up), once per torch thread count in use.
+    the first call, for the torch thread count then in use (dynamo guards on it).
     """
     import torch._inductor.config as inductor_config
 

@@ -165,6 +165,20 @@ class Metrics:
             "Time taken to warm the model up (and compile it, when compiled).",
             registry=r,
         )
+        self.encoder_phase = Gauge(
+            "kembed_encoder_phase",
+            "1 for each model's current encoder phase: tuning (serving a safe variant while "
+            "measuring and compiling the others), eager or compiled (what it serves).",
+            ["model", "phase"],
+            registry=r,
+        )
+        self.tuning_texts_per_second = Gauge(
+            "kembed_tuning_texts_per_second",
+            "Texts/s each candidate variant (dtype/eager|compiled) reached when measured at "
+            "start-up.",
+            ["model", "candidate"],
+            registry=r,
+        )
         self.paused_partitions = Gauge(
             "kembed_paused_partitions",
             "Partitions paused by backpressure.",
@@ -202,6 +216,8 @@ METRIC_NAMES = (
     "kembed_publish_retries_total",
     "kembed_model_load_seconds",
     "kembed_warmup_seconds",
+    "kembed_encoder_phase",
+    "kembed_tuning_texts_per_second",
     "kembed_paused_partitions",
     "kembed_ready",
 )
