@@ -13,7 +13,9 @@ import pytest
 
 from loadtest.ceiling import cpu_seconds, find_pyspy, summarize_profile
 from loadtest.ceiling_worker import FixedEncoder
+from worker.app import tuning_options
 from worker.encoder import ModelInfo
+from worker.settings import WorkerSettings
 
 
 def _encoder(pad_id: int = 0) -> FixedEncoder:
@@ -36,6 +38,13 @@ def test_the_stand_in_returns_one_unit_vector_per_row_whatever_the_batch() -> No
         assert vectors.dtype == np.float32
         np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-6)
         assert (vectors == vectors[0]).all()
+
+
+def test_the_stand_in_is_served_as_it_is_even_with_auto_settings() -> None:
+    """dtype and torch_compile ``auto`` (the defaults) tune a torch encoder; the stand-in has
+    no variants to build, so the worker must not try to tune it."""
+    settings = WorkerSettings.model_validate({"dtype": "auto", "torch_compile": "auto"})
+    assert tuning_options(settings, _encoder()) == []
 
 
 def test_cpu_seconds_counts_this_process_work() -> None:
