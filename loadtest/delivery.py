@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for mode, worker in zip(modes, workers, strict=True):
                     worker.wait_ready(timeout=300)
+                    worker.wait_tuned()  # dtype auto: measure what the start-up tuning chose
                     mode.pid = worker.process.pid
                 assert kafka.pid is not None
                 asyncio.run(measure(kafka.bootstrap_servers, modes, args, kafka.pid))

@@ -423,8 +423,12 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     worker.wait_ready(600)
                     loaded = worker.wait_for("model.loaded", timeout=10)
+                    # dtype/compile auto: measure the variant the start-up tuning settles on
+                    worker.wait_tuned()
+                    tuned = [e for e in worker.events() if e.get("event") == "encoder.tuned"]
+                    served = {**loaded, **tuned[-1]} if tuned else loaded
                     figures["workers"][dtype] = {
-                        k: loaded.get(k) for k in ("dtype", "compiled", "model")
+                        k: served.get(k) for k in ("dtype", "compiled", "model")
                     }
                     for target in args.target:
                         tag = f"{target}_{dtype}"
