@@ -131,6 +131,7 @@ def test_info_matches_the_settings(
         "default_prompt_name": None,
         "requests_topic": REQUESTS,
         "bulk_topic": BULK,
+        "tuning": None,  # explicit dtype and torch_compile: nothing to measure
     }
     assert info["models"] == [info["model"] | {"memory_bytes": info["models"][0]["memory_bytes"]}]
     assert info["batching"]["max_batch_tokens"] == 3072
@@ -209,7 +210,9 @@ async def test_metrics_count_a_known_workload_and_lag_drains_to_zero(
     assert total(scrape, "kembed_inflight_tokens") == 0
     assert total(scrape, "kembed_batch_size_count", lane="bulk") >= 1
     exposed = {name for name, _ in scrape}
-    for name in METRIC_NAMES:
+    # Candidates' speeds exist only where dtype/compile auto timed several; this worker's
+    # settings are explicit.
+    for name in set(METRIC_NAMES) - {"kembed_tuning_texts_per_second"}:
         assert {name, f"{name}_count"} & exposed, f"{name} is not exposed"
 
 
