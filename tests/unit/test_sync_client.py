@@ -234,3 +234,22 @@ def test_methods_mirror_the_async_signatures(name: str) -> None:
     assert list(sync.parameters.values()) == list(async_.parameters.values())
     assert sync.return_annotation == async_.return_annotation
     assert not inspect.iscoroutinefunction(getattr(SyncEmbedClient, name))
+
+
+def test_a_call_from_the_clients_own_loop_raises_instead_of_waiting_forever() -> None:
+    client = make()[0]
+    inner: list[BaseException] = []
+
+    class Reentrant(FakeAsyncClient):
+        async def models(self, timeout: float | None = None) -> list[Any]:
+            try:
+                client.embed(["from the loop thread"])
+            except RuntimeError as exc:
+                inner.append(exc)
+            return []
+
+    with client:
+        client._client = cast(EmbedClient, Reentrant())
+        assert client.models() == []
+    assert len(inner) == 1
+    assert "own event loop" in str(inner[0])
