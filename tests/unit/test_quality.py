@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -130,3 +131,28 @@ def test_pyproject_declares_the_pairs_and_their_attribution_as_package_data() ->
     shipped = {str(f.relative_to(package)) for g in globs for f in package.glob(g)}
     assert {f"data/{PAIRS_FILE}", "data/README.md"} <= shipped
     assert "STS Benchmark" in (package / "data" / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_workers_gate_reads_the_bundled_pairs_unless_configured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """KEMBED_QUALITY_GATE=true: run_quality_gate judges the shipped pairs by default and
+    the quality_gate_pairs file when set (the model part is replaced: pairs only)."""
+    from worker import app
+    from worker.settings import WorkerSettings
+
+    judged: list[list[Pair]] = []
+
+    def validate(settings: object, pairs: list[Pair], thresholds: object) -> None:
+        judged.append(pairs)
+
+    monkeypatch.delenv("KEMBED_STSB_DIR", raising=False)
+    monkeypatch.setattr(app, "validate", validate)
+    mine = tmp_path / "mine.csv"
+    mine.write_text("x,y,2\n", encoding="utf-8")
+    configs: list[dict[str, Any]] = [{}, {"quality_gate_pairs": str(mine)}]
+    for options in configs:
+        app.run_quality_gate(WorkerSettings(**options))
+    assert judged[0] == load_pairs(bundled_pairs_path())
+    assert len(judged[0]) == 1379
+    assert judged[1] == [Pair("x", "y", 2.0)]
