@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass
-
-from worker.quality import stsb_dir
+from pathlib import Path
 
 __all__ = ["StsPair", "load_stsb", "mixed_texts", "passages", "stsb_dir", "stsb_sentences"]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stsb_dir() -> Path:
+    """STS-B test, English and Chinese, for benchmarks and tests: the shared data folder
+    beside the clone, or KEMBED_STSB_DIR. (The worker ships its own copy of the English
+    split for the quality gate: ``worker.quality.bundled_pairs_path``.)"""
+    return Path(os.environ.get("KEMBED_STSB_DIR", ROOT.parent / "shared" / "data" / "stsb"))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """kembed producer SDK: ``vectors = await client.embed(texts)`` over Kafka, and
-``await client.submit(texts, keys=ids)`` / ``ingest(client, documents)`` for ingestion."""
+``await client.submit(texts, keys=ids)`` / ``ingest(client, documents)`` for ingestion;
+``SyncEmbedClient`` for ``vectors = client.embed(texts)`` without asyncio."""
 
 from producer_sdk.catalog import CatalogModel
 from producer_sdk.client import EmbedClient
@@ -24,6 +25,7 @@ from producer_sdk.errors import (
     UnexpectedEncodingError,
 )
 from producer_sdk.ingest import Document, IngestSummary, JsonlError, JsonlReader, ingest
+from producer_sdk.sync import SyncEmbedClient
 from schemas import Encoding
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "KafkaAccessError",
     "KembedError",
     "RequestTooLargeError",
+    "SyncEmbedClient",
     "UnexpectedEncodingError",
     "dequantize_int8",
     "hamming_distances",

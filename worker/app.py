@@ -13,7 +13,6 @@ from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any, TypeAlias
 
 import structlog
@@ -34,7 +33,7 @@ from worker.observability.metrics import CONTENT_TYPE, Metrics
 from worker.observability.probes import Probes
 from worker.pipeline import Pipeline, ServedModel
 from worker.ports import KafkaAccessError
-from worker.quality import GateThresholds, QualityReport, default_pairs_path, load_pairs, validate
+from worker.quality import GateThresholds, QualityReport, gate_pairs_path, load_pairs, validate
 from worker.settings import ModelSpec, WorkerSettings
 from worker.tokenization import TextTokenizer
 
@@ -194,8 +193,7 @@ def _tuning_gate(settings: WorkerSettings, tokenizer: TextTokenizer) -> Any:
     thresholds = GateThresholds(
         settings.quality_max_spearman_drop, settings.quality_min_mean_cosine
     )
-    path = Path(settings.quality_gate_pairs) if settings.quality_gate_pairs else None
-    pairs = load_pairs(path or default_pairs_path())
+    pairs = load_pairs(gate_pairs_path(settings.quality_gate_pairs))
 
     def gate(candidate: Any, reference: Any) -> str | None:
         from worker.quality import judge_embedders
@@ -578,11 +576,11 @@ class QualityGateFailedError(RuntimeError):
 
 
 def run_quality_gate(settings: WorkerSettings) -> QualityReport:
-    path = Path(settings.quality_gate_pairs) if settings.quality_gate_pairs else None
     thresholds = GateThresholds(
         settings.quality_max_spearman_drop, settings.quality_min_mean_cosine
     )
-    return validate(settings, load_pairs(path or default_pairs_path()), thresholds)
+    pairs = load_pairs(gate_pairs_path(settings.quality_gate_pairs))
+    return validate(settings, pairs, thresholds)
 
 
 def model_info(model: ServedModel) -> dict[str, Any]:

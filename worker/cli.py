@@ -77,7 +77,12 @@ def _parser() -> argparse.ArgumentParser:
         "gate passes, 1 when it fails. Takes the worker's flags and KEMBED_* variables.",
     )
     _add_settings_flags(validate)
-    validate.add_argument("--pairs", type=Path, default=None, help="CSV text1,text2,score")
+    validate.add_argument(
+        "--pairs",
+        type=Path,
+        default=None,
+        help="CSV text1,text2,score (default: STS-B test, English, shipped with kembed)",
+    )
     validate.add_argument("--limit", type=int, default=None, help="use the first N pairs")
     validate.add_argument(
         "--max-spearman-drop", type=float, default=None, help="gate threshold (default 0.5)"
@@ -345,7 +350,7 @@ def _run_validate(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     _local_models_only()
-    from worker.quality import GateThresholds, default_pairs_path, load_pairs, validate
+    from worker.quality import GateThresholds, gate_pairs_path, load_pairs, validate
 
     thresholds = GateThresholds(
         settings.quality_max_spearman_drop
@@ -353,7 +358,7 @@ def _run_validate(args: argparse.Namespace) -> int:
         else args.max_spearman_drop,
         settings.quality_min_mean_cosine if args.min_mean_cosine is None else args.min_mean_cosine,
     )
-    path = args.pairs or Path(settings.quality_gate_pairs or default_pairs_path())
+    path = gate_pairs_path(args.pairs or settings.quality_gate_pairs)
     try:
         pairs = load_pairs(path, args.limit)
     except (OSError, ValueError, IndexError) as exc:
@@ -363,6 +368,7 @@ def _run_validate(args: argparse.Namespace) -> int:
     specs = settings.model_specs()
     for spec in specs:  # KEMBED_MODELS: each model as its worker would serve it
         report = validate(settings.for_model(spec), pairs, thresholds)
+        report.pairs_source = str(path)
         passed = passed and report.passed
         name = spec.served_name()
         if args.json:

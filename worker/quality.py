@@ -11,14 +11,22 @@ keep this benchmark's ranking (nf4 on the bundled model keeps Spearman but not c
 
 ``kembed validate`` prints the report; with ``KEMBED_QUALITY_GATE=true`` a worker runs it
 before joining its group and refuses to start when it fails.
+
+The default pairs ship with the package (``worker/data/stsb-en-test.csv``, read through
+``importlib.resources``; attribution in ``worker/data/README.md``): nothing outside the
+installed package is read unless ``KEMBED_STSB_DIR``, ``quality_gate_pairs`` or
+``--pairs`` names it.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +35,20 @@ import numpy.typing as npt
 
 __all__ = [
     "GateThresholds",
+    "PAIRS_FILE",
     "QualityReport",
+    "bundled_pairs_path",
     "default_pairs_path",
+    "gate_pairs_path",
     "judge",
     "judge_embedders",
     "load_pairs",
     "spearman",
-    "stsb_dir",
     "validate",
 ]
 
-_ROOT = Path(__file__).resolve().parents[1]
+PAIRS_FILE = "stsb-en-test.csv"
+"""The default reference pairs' file name: in the package's data, or in KEMBED_STSB_DIR."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +78,8 @@ class QualityReport:
     reference: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None
     """dtype/torch_compile auto: the candidates measured and the one chosen."""
+    pairs_source: str = ""
+    """Where the reference pairs were read from (``kembed validate`` fills it in)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,20 +93,30 @@ class QualityReport:
         )
 
 
-def stsb_dir() -> Path:
-    """STS-B lives in the shared data folder beside the clone (or where KEMBED_STSB_DIR says)."""
-    return Path(os.environ.get("KEMBED_STSB_DIR", _ROOT.parent / "shared" / "data" / "stsb"))
+def bundled_pairs_path() -> Traversable:
+    """STS-B test, English, as shipped in the package (``worker/data``)."""
+    return files("worker") / "data" / PAIRS_FILE
 
 
-def default_pairs_path() -> Path:
-    """STS-B test, English: the gate's default reference pairs."""
-    return stsb_dir() / "stsb-en-test.csv"
+def default_pairs_path() -> Traversable:
+    """The gate's default reference pairs: ``stsb-en-test.csv`` in ``KEMBED_STSB_DIR`` when
+    that is set, else the copy shipped in the package."""
+    folder = os.environ.get("KEMBED_STSB_DIR")
+    return Path(folder) / PAIRS_FILE if folder else bundled_pairs_path()
 
 
-def load_pairs(path: Path, limit: int | None = None) -> list[Pair]:
-    """CSV rows ``text1,text2,score`` (no header), as the STS-B files are."""
-    with path.open(newline="", encoding="utf-8") as f:
-        pairs = [Pair(row[0], row[1], float(row[2])) for row in csv.reader(f) if row]
+def gate_pairs_path(configured: str | Path | None) -> Traversable:
+    """The pairs a gate reads: ``configured`` (``--pairs`` or quality_gate_pairs) if given,
+    else :func:`default_pairs_path`."""
+    return Path(configured) if configured else default_pairs_path()
+
+
+def load_pairs(path: Traversable, limit: int | None = None) -> list[Pair]:
+    """CSV rows ``text1,text2,score`` (no header), as the STS-B files are. ``path`` is a
+    file, or a package resource (read as bytes: a resource may live in a zip)."""
+    text = path.read_bytes().decode("utf-8")
+    rows = csv.reader(io.StringIO(text, newline=""))
+    pairs = [Pair(row[0], row[1], float(row[2])) for row in rows if row]
     return pairs[:limit] if limit else pairs
 
 

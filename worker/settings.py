@@ -388,7 +388,8 @@ class WorkerSettings(KafkaClientSettings):
     quality_gate_pairs: str | None = Field(
         None,
         description="CSV of reference pairs (text1,text2,gold score) for the gate; default "
-        "the STS-B test split (English) from KEMBED_STSB_DIR.",
+        "the STS-B test split (English) shipped with the package (stsb-en-test.csv in "
+        "KEMBED_STSB_DIR when that is set).",
     )
     quality_max_spearman_drop: float = Field(
         0.5, ge=0, description="Gate: largest allowed drop of Spearman x100 against fp32."

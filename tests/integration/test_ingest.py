@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from loadtest.data import stsb_dir
 from producer_sdk import EmbedClient
 from schemas import EmbedResult, Result, decode_request, decode_result
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import ROOT, WorkerProcess
 from tests.integration.kafka_io import read_all
-from worker.quality import load_pairs, stsb_dir
+from worker.quality import load_pairs
 
 pytestmark = pytest.mark.integration
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -104,3 +105,41 @@ def test_validate_judges_each_model_of_kembed_models() -> None:
     assert reports["bf16"]["candidate"]["dtype"] == "bfloat16"
     assert reports["nf4"]["passed"] is False
     assert reports["nf4"]["candidate"]["quantization"] == "nf4"
+
+
+def test_validate_reads_the_pairs_shipped_with_the_package(tmp_path: Path) -> None:
+    """kembed validate from a copy of the packages with no data folder beside it (no
+    ../shared, no KEMBED_STSB_DIR, run from an empty folder) reads the STS-B pairs shipped in
+    worker/data; KEMBED_STSB_DIR still replaces them."""
+    site = tmp_path / "site"
+    for package in ("schemas", "worker", "producer_sdk", "sink"):
+        shutil.copytree(ROOT / package, site / package, ignore=shutil.ignore_patterns("__py*"))
+    assert not (site.parent / "shared").exists()
+    run_in = tmp_path / "cwd"
+    run_in.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("KEMBED_STSB_DIR", "PYTHONPATH")}
+
+    def run(**extra: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker.cli", "validate", "--limit", "20", "--json"],
+            cwd=run_in,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**env, "PYTHONPATH": str(site), "KEMBED_DTYPE": "float32", **extra},
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return report
+
+    report = run()
+    assert Path(report["pairs_source"]) == site / "worker" / "data" / "stsb-en-test.csv"
+    assert report["pairs"] == 20
+    assert report["passed"] is True
+
+    mine = tmp_path / "stsb"
+    mine.mkdir()
+    (mine / "stsb-en-test.csv").write_text("".join(f"a{i},b{i},{i % 5}\n" for i in range(7)))
+    report = run(KEMBED_STSB_DIR=str(mine))
+    assert Path(report["pairs_source"]) == mine / "stsb-en-test.csv"
+    assert report["pairs"] == 7
