@@ -46,13 +46,7 @@ class FixedEncoder:
         self._rows = np.tile(row / np.linalg.norm(row), (1, 1))
 
     def prepare(self, batch: Sequence[Sequence[int]]) -> Prepared:
-        longest = max(len(ids) for ids in batch)
-        ids = np.full((len(batch), longest), self._pad_id, dtype=np.int64)
-        mask = np.zeros((len(batch), longest), dtype=np.int64)
-        for row, seq in enumerate(batch):
-            ids[row, : len(seq)] = seq
-            mask[row, : len(seq)] = 1
-        return Prepared(ids, mask)
+        return Prepared.pad(batch, self._pad_id)
 
     def run(self, prepared: Prepared) -> npt.NDArray[np.float32]:
         rows = prepared.rows

@@ -284,8 +284,8 @@ def _tuning_failed(
 
 def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
     """Run the largest batch shape once, so the first real request pays no start-up cost
-    (and a compiled model is compiled now). Must run on the thread that will encode: torch's
-    thread count is per thread, and a compiled graph is specialized on it."""
+    (and a compiled model is compiled now). Runs on the encoder thread, which sets torch's
+    (process-wide) thread count per batch; a compiled graph is specialized on that count."""
     length = encoder.info.max_seq_length
     rows = max(1, min(settings.max_batch_size, settings.max_batch_tokens // length))
     encoder.encode([[0] * length] * rows)

@@ -51,6 +51,17 @@ class Prepared:
     def padded_tokens(self) -> int:
         return int(self.ids.size)
 
+    @classmethod
+    def pad(cls, batch: Sequence[Sequence[int]], pad_id: int) -> Prepared:
+        """``batch`` right-padded with ``pad_id`` to its longest sequence, with its mask."""
+        longest = max(len(ids) for ids in batch)
+        ids = np.full((len(batch), longest), pad_id, dtype=np.int64)
+        mask = np.zeros((len(batch), longest), dtype=np.int64)
+        for row, seq in enumerate(batch):
+            ids[row, : len(seq)] = seq
+            mask[row, : len(seq)] = 1
+        return cls(ids, mask)
+
 
 class Encoder(Protocol):
     info: ModelInfo

@@ -228,13 +228,7 @@ class TorchEncoder:
 
     def prepare(self, batch: Sequence[Sequence[int]]) -> Prepared:
         """Pad ``batch`` into id and mask arrays (cheap; done while the previous batch runs)."""
-        longest = max(len(ids) for ids in batch)
-        ids = np.full((len(batch), longest), self._pad_id, dtype=np.int64)
-        mask = np.zeros((len(batch), longest), dtype=np.int64)
-        for row, seq in enumerate(batch):
-            ids[row, : len(seq)] = seq
-            mask[row, : len(seq)] = 1
-        return Prepared(ids, mask)
+        return Prepared.pad(batch, self._pad_id)
 
     def run(self, prepared: Prepared) -> npt.NDArray[np.float32]:
         return self.run_variant(self._variant, prepared)
