@@ -8,7 +8,7 @@ is :class:`FixedEncoder`, which pads each batch as a real encoder does and retur
 vectors at once, so the process measures how fast the host side can feed a device that is
 never the bottleneck (``python -m loadtest.ceiling``). It is injected through
 ``worker.app.run_worker``'s ``load`` argument; no setting of the production worker
-(``python -m worker``, ``kembed worker``) can select it.
+(``kembed worker``) can select it.
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ def load_stand_in(settings: WorkerSettings, spec: ModelSpec) -> ServedModel:
 
 
 def main() -> int:
+    from kembed_shared.observability.logging import configure_logging
     from worker.app import run_worker
-    from worker.observability.logging import configure_logging
 
     settings = WorkerSettings.model_validate({})  # KEMBED_* variables, as the worker reads them
     configure_logging(settings.log_level, settings.log_format)

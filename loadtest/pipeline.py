@@ -151,7 +151,7 @@ class SinkProcess:
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "sink"],
+            [sys.executable, "-m", "kembed_cli", "sink"],
             cwd=ROOT,
             env={**os.environ, **env},
             stdout=self._log,
@@ -244,7 +244,7 @@ def kembed_run(
             [
                 sys.executable,
                 "-m",
-                "worker.cli",
+                "kembed_cli.main",
                 "ingest",
                 str(docs),
                 "--id-field",

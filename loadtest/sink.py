@@ -281,7 +281,7 @@ def end_to_end(
     log = (out / f"sink-{index}.log").open("ab")
     started = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "sink"], cwd=ROOT, env=env, stdout=log, stderr=log
+        [sys.executable, "-m", "kembed_cli", "sink"], cwd=ROOT, env=env, stdout=log, stderr=log
     )
     first: float | None = None
     count = 0

@@ -1,4 +1,4 @@
-"""A real ``python -m worker`` process with its JSON log captured, for tests and benchmarks."""
+"""A real ``kembed worker`` process with its JSON log captured, for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -16,19 +16,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class WorkerProcess:
-    """A real ``python -m worker`` process, with its JSON log lines captured to a file."""
+    """A real ``kembed worker`` process, with its JSON log lines captured to a file."""
 
     def __init__(
         self,
         bootstrap_servers: str,
         log_path: Path,
         preexec_fn: Callable[[], None] | None = None,
-        module: str = "worker",
+        module: str = "kembed_cli",
         **settings: Any,
     ) -> None:
         """``settings`` become KEMBED_* variables; ``preexec_fn`` runs in the child before
         the worker starts (to change what the process may do); ``module`` is what
-        ``python -m`` runs (a benchmark's instrumented worker, ``loadtest.ceiling_worker``)."""
+        ``python -m`` runs: ``kembed_cli`` (as ``kembed worker``), or a benchmark's
+        instrumented worker (``loadtest.ceiling_worker``)."""
         self.log_path = log_path
         env = {
             **os.environ,
@@ -42,7 +43,7 @@ class WorkerProcess:
         env.update({f"KEMBED_{name.upper()}": str(value) for name, value in settings.items()})
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", module],
+            [sys.executable, "-m", module, *(["worker"] if module == "kembed_cli" else [])],
             cwd=ROOT,
             env=env,
             stdout=self._log,

@@ -23,6 +23,22 @@ from typing import Any, TypeVar
 import numpy as np
 import structlog
 
+from kembed_shared.kafka.commit_errors import CommitFailures, FatalCommitError, commit_error_hint
+from kembed_shared.kafka.publisher import KafkaPublisher
+from kembed_shared.kafka.security import client_options
+from kembed_shared.kafka.source import KafkaSource
+from kembed_shared.observability.http import HttpServer
+from kembed_shared.observability.logging import configure_logging, redacted
+from kembed_shared.observability.probes import Probes
+from kembed_shared.ports import (
+    KafkaAccessError,
+    Publisher,
+    PublishError,
+    Record,
+    Source,
+    TopicPartition,
+)
+from kembed_shared.settings import KafkaClientSettings
 from schemas.headers import (
     DLQ_ERROR_CODE,
     DLQ_ERROR_MESSAGE,
@@ -42,22 +58,6 @@ from sink.store import (
     TransientWriteError,
     VectorStore,
 )
-from worker.kafka.commit_errors import CommitFailures, FatalCommitError, commit_error_hint
-from worker.kafka.publisher import KafkaPublisher
-from worker.kafka.security import client_options
-from worker.kafka.source import KafkaSource
-from worker.observability.http import HttpServer
-from worker.observability.logging import configure_logging, redacted
-from worker.observability.probes import Probes
-from worker.ports import (
-    KafkaAccessError,
-    Publisher,
-    PublishError,
-    Record,
-    Source,
-    TopicPartition,
-)
-from worker.settings import KafkaClientSettings
 
 __all__ = ["Sink", "make_store", "run_sink"]
 
@@ -272,7 +272,7 @@ async def _retrying(
 
 class Sink:
     """The batch loop over a source (the Kafka consumer), a publisher (dead letters) and a
-    store; the ports are worker.ports' Protocols, so it is unit-tested with fakes."""
+    store; the ports are kembed_shared.ports' Protocols, so it is unit-tested with fakes."""
 
     def __init__(
         self,
@@ -552,7 +552,7 @@ class Sink:
         """Commit the pending offsets of the partitions still owned. A failure after which
         the client rejoins its group (a rebalance) is logged and the offsets stay pending:
         the partitions' next owner replays, harmlessly. A failure every later commit would
-        repeat (an ACL removed, ...: worker.kafka.commit_errors) raises FatalCommitError,
+        repeat (an ACL removed, ...: kembed_shared.kafka.commit_errors) raises FatalCommitError,
         and so do benign failures that outlast a rebalance."""
         offsets = {tp: o for tp, o in self._pending.items() if tp in self._source.assignment()}
         if not offsets:

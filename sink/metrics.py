@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import generate_latest
 
-from worker.observability.metrics import CONTENT_TYPE
+from kembed_shared.observability.metrics import CONTENT_TYPE
 
 __all__ = ["CONTENT_TYPE", "SINK_METRIC_NAMES", "SinkMetrics"]
 

@@ -17,22 +17,22 @@ from typing import Any, TypeAlias
 
 import structlog
 
-from worker.encoder import Encoder, ModelInfo
-from worker.kafka.catalog import MODEL_FIELDS, start_announcer
-from worker.kafka.publisher import (
+from kembed_shared.kafka.catalog import MODEL_FIELDS, start_announcer
+from kembed_shared.kafka.publisher import (
     DEFAULT_BATCH_BYTES,
     KafkaPublisher,
     KafkaTransactionalPublisher,
 )
-from worker.kafka.security import client_options
-from worker.kafka.source import KafkaSource
-from worker.observability.fatal import ExitCode, error_fields, loop_exception_handler
-from worker.observability.http import HttpServer
-from worker.observability.logging import configure_logging, redacted
-from worker.observability.metrics import CONTENT_TYPE, Metrics
-from worker.observability.probes import Probes
+from kembed_shared.kafka.security import client_options
+from kembed_shared.kafka.source import KafkaSource
+from kembed_shared.observability.fatal import ExitCode, error_fields, loop_exception_handler
+from kembed_shared.observability.http import HttpServer
+from kembed_shared.observability.logging import configure_logging, redacted
+from kembed_shared.observability.probes import Probes
+from kembed_shared.ports import KafkaAccessError
+from worker.encoder import Encoder, ModelInfo
+from worker.metrics import CONTENT_TYPE, Metrics
 from worker.pipeline import Pipeline, ServedModel
-from worker.ports import KafkaAccessError
 from worker.quality import GateThresholds, QualityReport, gate_pairs_path, load_pairs, validate
 from worker.settings import ModelSpec, WorkerSettings
 from worker.tokenization import TextTokenizer

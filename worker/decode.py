@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
+from kembed_shared.ports import Record
 from schemas import EmbedRequest, ErrorCode, ErrorInfo, SchemaError, decode_request
 from schemas.errors import Envelope
 from schemas.headers import envelope_from_headers, fill_from_headers
-from worker.ports import Record
 
 __all__ = ["Accepted", "DeadLetter", "Limits", "ModelLimits", "Rejected", "decode_record"]
 

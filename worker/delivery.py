@@ -29,10 +29,8 @@ from typing import Protocol
 
 import structlog
 
-from schemas.headers import CORRELATION_ID
-from worker.kafka.commit_errors import CommitFailures, commit_error_hint
-from worker.offsets import OffsetTracker
-from worker.ports import (
+from kembed_shared.kafka.commit_errors import CommitFailures, commit_error_hint
+from kembed_shared.ports import (
     Publisher,
     PublishError,
     Record,
@@ -40,6 +38,8 @@ from worker.ports import (
     TopicPartition,
     TransactionalPublisher,
 )
+from schemas.headers import CORRELATION_ID
+from worker.offsets import OffsetTracker
 from worker.publish import dead_letter_headers, result_headers
 from worker.replies import Replier, ReplyTo, retry_transient
 from worker.settings import WorkerSettings
@@ -142,7 +142,7 @@ def make_delivery(
         retry_for_s=retry_for_s,
         on_retry=on_retry,
         on_dead_letter=on_dead_letter,
-        # How long rebalance failures may last: worker.kafka.commit_errors.CommitFailures.
+        # How long rebalance failures may last: kembed_shared.kafka.commit_errors.CommitFailures.
         give_up_after_s=(settings.max_poll_interval_ms + settings.session_timeout_ms) / 1000,
     )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Container, Iterable
 
-from worker.ports import TopicPartition
+from kembed_shared.ports import TopicPartition
 
 __all__ = ["OffsetTracker"]
 

@@ -34,14 +34,14 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from kembed_shared.ports import Publisher, Record, Source, TopicPartition, TransactionalPublisher
 from schemas import EmbedRequest, ErrorCode, ErrorInfo
 from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler, TokenBudget
 from worker.decode import Accepted, Limits, ModelLimits, Rejected, decode_record
 from worker.delivery import make_delivery
 from worker.encoder import Encoder, EncoderOutOfMemoryError, Prepared
-from worker.observability.metrics import Metrics
+from worker.metrics import Metrics
 from worker.offsets import OffsetTracker
-from worker.ports import Publisher, Record, Source, TopicPartition, TransactionalPublisher
 from worker.publish import encode_error, encode_vectors
 from worker.replies import ReplyTo
 from worker.settings import WorkerSettings

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from kembed_shared.ports import Record
 from schemas import (
     EmbedRequest,
     EmbedResult,
@@ -29,7 +30,6 @@ from schemas.headers import (
     DLQ_PARTITION,
     DLQ_TOPIC,
 )
-from worker.ports import Record
 
 __all__ = [
     "dead_letter_headers",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from worker.ports import Publisher, PublishError, Record
+from kembed_shared.ports import Publisher, PublishError, Record
 from worker.publish import dead_letter_headers, result_headers
 
 __all__ = ["Replier", "ReplyTo", "retry_transient"]

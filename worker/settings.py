@@ -10,45 +10,29 @@ import json
 import re
 import socket
 import uuid
-from pathlib import Path
 from typing import Any, Literal, Self
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SecretStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from kembed_shared.settings import KafkaClientSettings, none_if_blank
 
 __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_REPLY_TOPICS",
-    "SECURITY_FIELDS",
-    "KafkaClientSettings",
     "ModelSpec",
     "WorkerSettings",
-    "describe_errors",
 ]
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_REPLY_TOPICS = r"embed\.results(\..+)?"
 
-SECURITY_FIELDS = (
-    "security_protocol",
-    "sasl_mechanism",
-    "sasl_username",
-    "sasl_password",
-    "ssl_cafile",
-    "ssl_certfile",
-    "ssl_keyfile",
-    "ssl_password",
-    "ssl_check_hostname",
-)
-"""How to reach Kafka securely: the same names in the worker, ``kembed embed`` and the SDK."""
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["none", "int8", "nf4"]
@@ -85,127 +69,6 @@ class ModelSpec(BaseModel):
 def _json_if_text(value: Any) -> Any:
     """Structured settings arrive as JSON text from flags (env vars are decoded already)."""
     return json.loads(value) if isinstance(value, str) else value
-
-
-def _none_if_blank(value: Any) -> Any:
-    """An empty env var (a manifest that sets it to nothing) means unset."""
-    return None if isinstance(value, str) and not value.strip() else value
-
-
-class KafkaClientSettings(BaseSettings):
-    """Where Kafka is and how to log in: shared by ``kembed worker`` and ``kembed embed``.
-
-    Names follow Kafka's client configs (``security.protocol``, ``sasl.mechanism``, ...).
-    Secrets are ``SecretStr``: they print as ``**********`` and are read only where a
-    connection is made.
-    """
-
-    model_config = SettingsConfigDict(env_prefix="KEMBED_", extra="ignore", frozen=True)
-
-    bootstrap_servers: str = Field(
-        "127.0.0.1:9092", description="Kafka bootstrap servers, comma separated host:port."
-    )
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT",
-        description="Kafka security.protocol: PLAINTEXT, SSL (TLS), SASL_SSL (SASL login over "
-        "TLS), or SASL_PLAINTEXT (SASL login without TLS: trusted networks only).",
-    )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
-        None,
-        description="SASL mechanism, required by the SASL_* protocols. SCRAM never sends the "
-        "password; PLAIN does, so use PLAIN with SASL_SSL only.",
-    )
-    sasl_username: str | None = Field(
-        None, description="SASL user name; the Kafka principal is User:<name>."
-    )
-    sasl_password: SecretStr | None = Field(
-        None,
-        description="SASL password. Prefer the env var to the flag (other users can see "
-        "command lines); it is never logged.",
-    )
-    ssl_cafile: str | None = Field(
-        None,
-        description="PEM file of the CA certificates that signed the brokers' certificates "
-        "(SSL, SASL_SSL). Unset: the system's trust store.",
-    )
-    ssl_certfile: str | None = Field(
-        None,
-        description="PEM client certificate chain for mutual TLS (may also hold the key).",
-    )
-    ssl_keyfile: str | None = Field(
-        None, description="PEM private key of ssl_certfile, when it is a separate file."
-    )
-    ssl_password: SecretStr | None = Field(
-        None, description="Password of an encrypted ssl_keyfile; it is never logged."
-    )
-    ssl_check_hostname: bool = Field(
-        True,
-        description="Check that a broker's certificate names the host connected to (Kafka's "
-        "ssl.endpoint.identification.algorithm=https). Turn off only for certificates "
-        "issued for other names.",
-    )
-
-    @model_validator(mode="after")
-    def _check_security(self) -> Self:
-        problems = security_problems(self)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
-
-
-def security_problems(settings: KafkaClientSettings) -> list[str]:
-    """Contradictory or incomplete security settings, each as a sentence to show a person."""
-    protocol = settings.security_protocol
-    problems = []
-    sasl = {
-        "sasl_mechanism": settings.sasl_mechanism,
-        "sasl_username": settings.sasl_username,
-        "sasl_password": settings.sasl_password,
-    }
-    if protocol.startswith("SASL_"):
-        missing = [name for name, value in sasl.items() if not value]
-        if missing:
-            problems.append(f"security_protocol {protocol} needs {', '.join(missing)}")
-    elif given := [name for name, value in sasl.items() if value]:
-        problems.append(
-            f"{', '.join(given)} given, but security_protocol {protocol} sends no SASL "
-            f"credentials: use {'SASL_SSL' if protocol == 'SSL' else 'SASL_SSL or SASL_PLAINTEXT'}"
-        )
-    tls = {
-        "ssl_cafile": settings.ssl_cafile,
-        "ssl_certfile": settings.ssl_certfile,
-        "ssl_keyfile": settings.ssl_keyfile,
-        "ssl_password": settings.ssl_password,
-    }
-    if protocol not in ("SSL", "SASL_SSL"):
-        if given := [name for name, value in tls.items() if value]:
-            problems.append(
-                f"{', '.join(given)} given, but security_protocol {protocol} does not use TLS: "
-                f"use {'SASL_SSL' if protocol == 'SASL_PLAINTEXT' else 'SSL or SASL_SSL'}"
-            )
-        return problems
-    orphans = [name for name in ("ssl_keyfile", "ssl_password") if tls[name]]
-    if orphans and not settings.ssl_certfile:
-        problems.append(f"{', '.join(orphans)} given without ssl_certfile")
-    for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-        path = tls[name]
-        if isinstance(path, str) and not Path(path).is_file():
-            problems.append(f"{name}: no such file: {path}")
-    return problems
-
-
-def describe_errors(error: ValidationError) -> str:
-    """A settings error for people, one line per problem, without the input values.
-
-    pydantic's own text repeats the inputs (``input_value=...``), and the input of a
-    model-wide check is every setting, secrets included.
-    """
-    lines = []
-    for item in error.errors(include_url=False, include_input=False, include_context=False):
-        where = ".".join(str(part) for part in item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
-        lines.append(f"  {where}: {message}" if where else f"  {message}")
-    return "\n".join(lines)
 
 
 class WorkerSettings(KafkaClientSettings):
@@ -284,7 +147,7 @@ class WorkerSettings(KafkaClientSettings):
         "model load included). Two running workers must never share one. Unset: dynamic "
         "membership (a stopped worker leaves at once, every restart rebalances the group).",
     )
-    _blank_instance_id = field_validator("group_instance_id", mode="before")(_none_if_blank)
+    _blank_instance_id = field_validator("group_instance_id", mode="before")(none_if_blank)
     fetch_max_wait_ms: int = Field(
         20,
         ge=0,

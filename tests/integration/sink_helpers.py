@@ -22,7 +22,7 @@ from scripts.worker_process import ROOT, WorkerProcess
 
 
 class SinkProcess(WorkerProcess):
-    """A real ``kembed sink`` process (``python -m worker.cli sink``), its JSON log
+    """A real ``kembed sink`` process (``python -m kembed_cli sink``), its JSON log
     captured; ``settings`` become ``KEMBED_SINK_*`` variables."""
 
     def __init__(self, bootstrap_servers: str, log_path: Path, **settings: Any) -> None:
@@ -39,7 +39,7 @@ class SinkProcess(WorkerProcess):
         env.update({f"KEMBED_SINK_{name.upper()}": str(value) for name, value in settings.items()})
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "sink"],
+            [sys.executable, "-m", "kembed_cli", "sink"],
             cwd=ROOT,
             env=env,
             stdout=self._log,

@@ -151,7 +151,7 @@ def test_validate_measures_auto_and_judges_the_variant_it_chose() -> None:
     """`kembed validate` with dtype auto times fp32 and bf16 (compiling off, to keep this
     short), reports the table, and judges the chosen one against fp32."""
     done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "validate", "--limit", "100", "--json"],
+        [sys.executable, "-m", "kembed_cli", "validate", "--limit", "100", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

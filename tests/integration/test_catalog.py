@@ -1,7 +1,7 @@
 """The model catalog against the real broker: workers' announcers write model cards, the
 SDK lists the live models and routes requests by model, `kembed models` shows them.
 
-The announcers here are the worker's own (`worker.kafka.catalog`) over real producers; what
+The announcers here are the worker's own (`kembed_shared.kafka.catalog`) over real producers; what
 a worker process announces is tested end to end once the worker starts its announcer."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from kembed_shared.kafka.catalog import Announcer, start_announcer
 from producer_sdk import CatalogModel, EmbedClient, EmbedTimeoutError
 from producer_sdk.catalog import read_catalog
 from producer_sdk.config import ClientConfig
@@ -30,7 +31,6 @@ from schemas.catalog import decode_card
 from scripts.kafka_local import CATALOG_TOPIC_CONFIG, LocalKafka, TopicSpec
 from tests.conftest import ROOT
 from tests.integration.kafka_io import read_all
-from worker.kafka.catalog import Announcer, start_announcer
 from worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
@@ -247,7 +247,7 @@ async def test_requests_are_routed_to_the_catalogs_topic(kafka: LocalKafka) -> N
 def kembed_models(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_")}
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", "models", *args],
+        [sys.executable, "-m", "kembed_cli", "models", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -233,7 +233,7 @@ def test_cli_embed_prints_int8_codes_and_scales(kafka: LocalKafka, worker: Worke
         [
             sys.executable,
             "-c",
-            "import sys; from worker.cli import main; sys.exit(main(sys.argv[1:]))",
+            "import sys; from kembed_cli.main import main; sys.exit(main(sys.argv[1:]))",
             "embed",
             "--bootstrap-servers",
             kafka.bootstrap_servers,

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 # `kembed ...` as a process, importing this checkout's code (the installed entry point
 # may belong to another checkout).
-KEMBED = [sys.executable, "-c", "import sys; from worker.cli import main; sys.exit(main())"]
+KEMBED = [sys.executable, "-m", "kembed_cli"]
 
 
 def _kembed_ingest(

@@ -21,7 +21,7 @@ from schemas import EmbedRequest, encode_request
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
 from tests.integration.kafka_io import producer
-from worker.observability.metrics import METRIC_NAMES
+from worker.metrics import METRIC_NAMES
 
 pytestmark = pytest.mark.integration
 

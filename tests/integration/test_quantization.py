@@ -25,7 +25,16 @@ PAIRS = 200  # the first STS-B test pairs: enough to tell int8 from nf4, quick o
 
 def validate(*flags: str) -> tuple[int, dict[str, Any]]:
     done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "validate", "--limit", str(PAIRS), "--json", *flags],
+        [
+            sys.executable,
+            "-m",
+            "kembed_cli.main",
+            "validate",
+            "--limit",
+            str(PAIRS),
+            "--json",
+            *flags,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -91,7 +100,7 @@ def test_validate_judges_each_model_of_kembed_models() -> None:
         },
     ]
     done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "validate", "--limit", "100", "--json"],
+        [sys.executable, "-m", "kembed_cli", "validate", "--limit", "100", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -121,7 +130,7 @@ def test_validate_reads_the_pairs_shipped_with_the_package(tmp_path: Path) -> No
 
     def run(**extra: str) -> dict[str, Any]:
         done = subprocess.run(
-            [sys.executable, "-m", "worker.cli", "validate", "--limit", "20", "--json"],
+            [sys.executable, "-m", "kembed_cli", "validate", "--limit", "20", "--json"],
             cwd=run_in,
             capture_output=True,
             text=True,

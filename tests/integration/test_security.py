@@ -254,7 +254,7 @@ def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
     """``kembed`` from this checkout, with only the given KEMBED_* variables."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_")}
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from worker.cli import main; sys.exit(main())", *args],
+        [sys.executable, "-m", "kembed_cli", *args],
         cwd=ROOT,
         env={**clean, **env},
         capture_output=True,

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
+from kembed_shared.fleet import FleetStatus
+from kembed_shared.kafka.group_status import read_fleet_status
 from schemas import EmbedRequest, EmbedResult, decode_result, encode_request
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
 from tests.integration.kafka_io import collect, producer
-from worker.fleet import FleetStatus
-from worker.kafka.group_status import read_fleet_status
 
 pytestmark = pytest.mark.integration
 

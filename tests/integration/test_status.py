@@ -27,13 +27,13 @@ REQUESTS = 11
 
 
 def kembed_status(kafka: LocalKafka, *args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m worker.cli status ...` in its own process, as an operator runs it."""
+    """`python -m kembed_cli status ...` in its own process, as an operator runs it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_")}
     return subprocess.run(
         [
             sys.executable,
             "-m",
-            "worker.cli",
+            "kembed_cli.main",
             "status",
             "--bootstrap-servers",
             kafka.bootstrap_servers,

@@ -26,13 +26,13 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
 import worker.pipeline
+from kembed_shared.ports import Record, TopicPartition
 from schemas import EmbedRequest, EmbedResult, ErrorCode, ErrorResult, decode_result
 from schemas.codec import encode_request
 from worker.batcher import TokenBudget
 from worker.encoder import EncoderOutOfMemoryError, ModelInfo, Prepared
-from worker.observability.metrics import Metrics
+from worker.metrics import Metrics
 from worker.pipeline import Pipeline, ServedModel
-from worker.ports import Record, TopicPartition
 from worker.settings import WorkerSettings
 from worker.tokenization import TextTokenizer
 

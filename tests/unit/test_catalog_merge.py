@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from kembed_cli.commands.models import models_json, render_models
+from kembed_shared.kafka.catalog import MODEL_FIELDS, Announcer, instance_id
 from producer_sdk.catalog import CatalogModel, ModelRouter, live_cards, merge_cards, resolve
 from schemas.catalog import ModelCard, decode_card
-from worker.catalog_cli import models_json, render_models
-from worker.kafka.catalog import MODEL_FIELDS, Announcer, instance_id
 
 NOW = 1_764_000_000_000
 INTERVAL = 30_000

@@ -1,4 +1,4 @@
-"""Unit tests for worker.cli: flags generated from WorkerSettings, env vars, precedence."""
+"""Unit tests for kembed_cli.main: flags generated from WorkerSettings, env vars, precedence."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 
 import worker.app
-from worker.cli import main
+from kembed_cli.main import main
 from worker.settings import WorkerSettings
 
 FIELDS = list(WorkerSettings.model_fields)

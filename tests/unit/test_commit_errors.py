@@ -1,12 +1,12 @@
-"""Offset-commit failures: which a consumer shrugs off, which stop it (worker.kafka.commit_errors),
-on the exceptions aiokafka really raises."""
+"""Offset-commit failures: which a consumer shrugs off, which stop it
+(kembed_shared.kafka.commit_errors), on the exceptions aiokafka really raises."""
 
 from __future__ import annotations
 
 import pytest
 from aiokafka import errors as kafka_errors
 
-from worker.kafka.commit_errors import commit_error_hint, commit_error_is_fatal
+from kembed_shared.kafka.commit_errors import commit_error_hint, commit_error_is_fatal
 
 
 def _commit_failed(cause: BaseException) -> BaseException:

@@ -7,10 +7,10 @@ from typing import Any
 
 import msgpack
 
+from kembed_shared.ports import Record
 from schemas import EmbedRequest, ErrorCode, encode_request
 from schemas.headers import routing_headers
 from worker.decode import Accepted, DeadLetter, Limits, ModelLimits, Rejected, decode_record
-from worker.ports import Record
 
 NOW_MS = 1_700_000_000_000
 _MINILM = ModelLimits("minilm", 384, ("query", "passage"))

@@ -15,12 +15,12 @@ import structlog
 from aiokafka import errors as kafka_errors
 from aiokafka.errors import CommitFailedError
 
+from kembed_shared.kafka.commit_errors import FatalCommitError
+from kembed_shared.observability.probes import Probes
+from kembed_shared.ports import KafkaAccessError, PublishError, Record, TopicPartition
 from schemas.headers import CORRELATION_ID, DLQ_ERROR_CODE, DLQ_ERROR_MESSAGE
 from worker.delivery import AtLeastOnce, ExactlyOnce, TransactionError, make_delivery
-from worker.kafka.commit_errors import FatalCommitError
-from worker.observability.probes import Probes
 from worker.offsets import OffsetTracker
-from worker.ports import KafkaAccessError, PublishError, Record, TopicPartition
 from worker.replies import ReplyTo
 from worker.settings import WorkerSettings
 

@@ -1,6 +1,6 @@
 """deploy/ checked statically (no Prometheus, promtool or Grafana here): the files parse, the
 dashboard's layout is sound, and every PromQL expression names only series the worker
-(worker/observability/metrics.py) or the sink (sink/metrics.py) exposes, with labels those
+(worker/metrics.py) or the sink (sink/metrics.py) exposes, with labels those
 series have."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import yaml  # type: ignore[import-untyped]
 from prometheus_client.metrics import MetricWrapperBase
 
 from sink.metrics import SINK_METRIC_NAMES, SinkMetrics
-from worker.observability.metrics import METRIC_NAMES, Metrics
+from worker.metrics import METRIC_NAMES, Metrics
 
 # Worker and sink metrics: the dashboard shows both (sinks in their own row).
 ALL_METRIC_NAMES = METRIC_NAMES + SINK_METRIC_NAMES

@@ -1,6 +1,6 @@
 """Every way a worker ends is one structured log event and a documented exit status.
 
-Each test runs ``python -m worker``'s code path (``worker.cli.main``) in a fresh Python
+Each test runs ``kembed worker``'s code path (``kembed_cli.main.main``) in a fresh Python
 process, so that what reaches stdout and stderr is exactly what an operator's log
 collector would see, with the real logging set-up, the real ``run_worker`` (HTTP server,
 loop, hooks) and only its Kafka-and-model body, ``worker.app._serve``, replaced by one
@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from worker.observability.fatal import ExitCode
+from kembed_shared.observability.fatal import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW_TRACEBACK = "Traceback (most recent call last)"
@@ -39,7 +39,7 @@ def run_worker_with(
 
         worker.app._serve = _serve
         {prelude}
-        from worker.cli import main
+        from kembed_cli.main import main
         sys.exit(main(["worker"]))
         """
     ).format(body=textwrap.indent(textwrap.dedent(body), "    "), prelude=prelude)
@@ -203,13 +203,13 @@ def test_the_sink_ends_an_unexpected_error_the_same_way(tmp_path: Path) -> None:
         textwrap.dedent(
             """
             import sys
-            import sink.cli
+            import sink.app
 
             async def run_sink(settings, kafka):
                 raise RuntimeError("cannot use " + settings.target)
 
-            sink.cli.run_sink = run_sink
-            from worker.cli import main
+            sink.app.run_sink = run_sink
+            from kembed_cli.main import main
             sys.exit(main(["sink"]))
             """
         )

@@ -13,17 +13,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from worker.cli import main
-from worker.fleet import (
+from kembed_cli.commands.status import render_table, to_json
+from kembed_cli.main import main
+from kembed_shared.fleet import (
     FleetStatus,
     Member,
     PartitionLag,
     StatusError,
     read_backlog_tokens,
-    render_table,
-    to_json,
 )
-from worker.observability.metrics import CONTENT_TYPE, Metrics
+from worker.metrics import CONTENT_TYPE, Metrics
 
 MEMBER = "kembed-worker-0d1c"
 
@@ -214,7 +213,7 @@ def test_status_topics_default_to_the_workers_env_vars(
         main(["status", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "(default: fast.lane)" in help_text
-    from worker.cli import _parser
+    from kembed_cli.main import build_parser
 
-    args = _parser().parse_args(["status"])
+    args = build_parser("status").parse_args(["status"])
     assert (args.topics, args.group) == ("fast.lane", "fleet-a")

@@ -9,6 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from kembed_shared.ports import Record
 from schemas import (
     DEFAULT_RESULTS_TOPIC,
     Encoding,
@@ -20,7 +21,6 @@ from schemas import (
     encode_result,
 )
 from worker.decode import Accepted, DeadLetter, Limits, ModelLimits, Rejected, decode_record
-from worker.ports import Record
 from worker.settings import DEFAULT_REPLY_TOPICS, WorkerSettings
 
 VECTORS = Path(__file__).resolve().parents[2] / "schemas" / "vectors" / "v1"

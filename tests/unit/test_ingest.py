@@ -14,6 +14,9 @@ from typing import Any
 import msgpack
 import pytest
 
+from kembed_cli.commands.ingest import IngestCommand, run_ingest_command
+from kembed_cli.main import main
+from kembed_cli.progress import ProgressBar, render
 from producer_sdk import (
     ClientClosedError,
     Document,
@@ -25,10 +28,7 @@ from producer_sdk import (
     RequestTooLargeError,
     ingest,
 )
-from producer_sdk.ingest_command import IngestCommand, run_ingest_command
-from producer_sdk.progress import ProgressBar, render
 from schemas import decode_request
-from worker.cli import main
 
 # ---------------------------------------------------------------------------- JSONL reader
 

@@ -1,4 +1,4 @@
-"""Unit tests for worker.kafka.publisher that need no broker."""
+"""Unit tests for kembed_shared.kafka.publisher that need no broker."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaConnectionError, NotEnoughReplicasError, NotLeaderForPartitionError
 
-import worker.kafka.publisher as publisher_module
-from worker.kafka.publisher import (
+import kembed_shared.kafka.publisher as publisher_module
+from kembed_shared.kafka.publisher import (
     DEFAULT_BATCH_BYTES,
     KafkaPublisher,
     KafkaTransactionalPublisher,
     _ExpectedRetries,
 )
-from worker.ports import PublishError, Record, TopicPartition
+from kembed_shared.ports import PublishError, Record, TopicPartition
 from worker.replies import Replier, ReplyTo
 from worker.settings import WorkerSettings
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from kembed_cli.commands.status import _request_topics
 from schemas import EmbedRequest
-from worker.cli import _request_topics
 from worker.encoder.models import read_prompts, resolve_model_dir
 from worker.pipeline import ServedModel
 from worker.settings import ModelSpec, WorkerSettings

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kembed_shared.ports import TopicPartition
 from worker.offsets import OffsetTracker
-from worker.ports import TopicPartition
 
 TP: TopicPartition = ("embed.requests", 0)
 OTHER: TopicPartition = ("embed.requests", 1)

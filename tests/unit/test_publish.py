@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from kembed_shared.ports import Record
 from schemas import (
     EmbedRequest,
     EmbedResult,
@@ -36,7 +37,6 @@ from schemas.headers import (
     DLQ_PARTITION,
     DLQ_TOPIC,
 )
-from worker.ports import Record
 from worker.publish import (
     dead_letter_headers,
     encode_error,

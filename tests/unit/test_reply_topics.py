@@ -9,12 +9,13 @@ import msgpack
 import pytest
 from pydantic import ValidationError
 
+from kembed_shared.ports import Record
+from kembed_shared.settings import describe_errors
 from producer_sdk import EmbedError
 from schemas import ErrorCode
 from schemas.headers import CORRELATION_ID, routing_headers
 from worker.decode import Accepted, DeadLetter, Limits, ModelLimits, Rejected, decode_record
-from worker.ports import Record
-from worker.settings import DEFAULT_REPLY_TOPICS, WorkerSettings, describe_errors
+from worker.settings import DEFAULT_REPLY_TOPICS, WorkerSettings
 
 
 def settings(**fields: Any) -> WorkerSettings:

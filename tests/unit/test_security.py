@@ -12,15 +12,16 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 import worker.app
+from kembed_cli.main import main
+from kembed_shared.kafka.security import _missing_topic_rights, client_options, principal_of
+from kembed_shared.observability.logging import redacted
+from kembed_shared.ports import KafkaAccessError
+from kembed_shared.settings import SECURITY_FIELDS, KafkaClientSettings, describe_errors
 from producer_sdk import AuthorizationError, ClientConfig
 from producer_sdk.security import client_options as sdk_options
 from scripts.kafka_acls import AclBinding
 from scripts.kafka_local import LocalKafka, TlsFiles, secured_server_properties
-from worker.cli import main
-from worker.kafka.security import _missing_topic_rights, client_options, principal_of
-from worker.observability.logging import redacted
-from worker.ports import KafkaAccessError
-from worker.settings import SECURITY_FIELDS, KafkaClientSettings, WorkerSettings, describe_errors
+from worker.settings import WorkerSettings
 
 SECRET = "hunter2-not-for-logs"
 

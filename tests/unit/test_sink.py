@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from kembed_cli.main import build_parser
+from kembed_shared.settings import describe_errors
 from schemas import EmbedResult, Encoding, ErrorCode, ErrorInfo, ErrorResult, encode_result
 from schemas.encodings import INT8_NORMALIZED_SCALE
 from sink.rows import MAX_ID_BYTES, Refused, Row, RowsOf, jsonable, newest, rows_of
 from sink.settings import SinkSettings
 from sink.targets import parse_target, scrub
-from worker.cli import _parser
-from worker.settings import describe_errors
 
 VECTORS = np.array([[0.6, 0.8, 0.0], [0.0, -1.0, 0.0]], dtype=np.float32)
 
@@ -201,7 +201,7 @@ def test_settings_read_kembed_sink_variables(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_sink_command_has_sink_and_kafka_flags() -> None:
     argv = ["sink", "--target", "milvus:///x.db", "--max-batch-results", "5"]
-    args = _parser().parse_args([*argv, "--bootstrap-servers", "k:9"])
+    args = build_parser("sink").parse_args([*argv, "--bootstrap-servers", "k:9"])
     assert args.command == "sink"
     assert args.target == "milvus:///x.db"
     assert args.max_batch_results == 5
@@ -209,7 +209,7 @@ def test_sink_command_has_sink_and_kafka_flags() -> None:
 
 
 def test_sink_command_exits_2_on_invalid_settings(capsys: pytest.CaptureFixture[str]) -> None:
-    from worker.cli import main
+    from kembed_cli.main import main
 
     assert main(["sink", "--target", "ftp://u:hunter2@h/x"]) == 2
     err = capsys.readouterr().err

@@ -15,19 +15,19 @@ import pytest
 import structlog
 from aiokafka import errors as kafka_errors
 
+from kembed_cli.commands import sink as sink_cli
+from kembed_shared.kafka.commit_errors import FatalCommitError
+from kembed_shared.observability.probes import Probes
+from kembed_shared.ports import Record, TopicPartition
+from kembed_shared.settings import KafkaClientSettings
 from schemas import EmbedResult, ErrorCode, ErrorInfo, ErrorResult, encode_result
 from schemas.headers import DLQ_ERROR_CODE, DLQ_OFFSET, DLQ_PARTITION, DLQ_TOPIC
 from sink import app as sink_app
-from sink import cli as sink_cli
 from sink.app import Sink
 from sink.metrics import SinkMetrics
 from sink.rows import Row
 from sink.settings import SinkSettings
 from sink.store import DimensionMismatchError, Metric, RowsRefusedError, TransientWriteError
-from worker.kafka.commit_errors import FatalCommitError
-from worker.observability.probes import Probes
-from worker.ports import Record, TopicPartition
-from worker.settings import KafkaClientSettings
 
 TOPIC = "embed.results.docs"
 
@@ -390,7 +390,7 @@ def test_a_fatal_commit_failure_fails_health_logs_one_error_and_exits_1(
     monkeypatch.setattr(sink_app, "_serve", serve)
     options: dict[str, Any] = {"target": "postgresql://u@h/db", "http_port": 0}
     settings = SinkSettings(**options, log_format="json")
-    assert sink_cli.run(settings, KafkaClientSettings(**{})) == sink_cli.EXIT_FAILED
+    assert sink_cli.serve(settings, KafkaClientSettings(**{})) == sink_cli.EXIT_FAILED
 
     assert source.attempts == 1  # not retried
     assert source.log.calls == [

@@ -16,7 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import KafkaError, for_code
 
-from worker.fleet import FleetStatus, Member, PartitionLag, StatusError
+from kembed_shared.fleet import FleetStatus, Member, PartitionLag, StatusError
 
 __all__ = ["read_fleet_status"]
 

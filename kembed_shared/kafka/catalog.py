@@ -27,9 +27,15 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from schemas.catalog import ModelCard, encode_card
-from worker.settings import WorkerSettings
 
-__all__ = ["MODEL_FIELDS", "Announcer", "CardProducer", "instance_id", "start_announcer"]
+__all__ = [
+    "MODEL_FIELDS",
+    "Announcer",
+    "AnnouncerSettings",
+    "CardProducer",
+    "instance_id",
+    "start_announcer",
+]
 
 log = structlog.get_logger("kembed.catalog")
 
@@ -52,6 +58,21 @@ MODEL_FIELDS = (
 # Bounds on one round of writes, so that announcing never holds up a start or a shutdown.
 _SEND_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 5.0
+
+
+class AnnouncerSettings(Protocol):
+    """The settings the announcer reads (a worker's ``WorkerSettings`` has them)."""
+
+    @property
+    def bootstrap_servers(self) -> str: ...
+    @property
+    def client_id(self) -> str: ...
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def catalog_topic(self) -> str: ...
+    @property
+    def catalog_interval_s(self) -> float: ...
 
 
 class CardProducer(Protocol):
@@ -202,14 +223,14 @@ def _describe(exc: BaseException) -> str:
 
 
 async def start_announcer(
-    settings: WorkerSettings,
+    settings: AnnouncerSettings,
     models: Sequence[Mapping[str, Any]],
     security: Mapping[str, Any] | None = None,
 ) -> Announcer | None:
     """Start announcing ``models`` (dicts with the keys of :data:`MODEL_FIELDS`) for this
     worker, or return None when ``settings.catalog_topic`` is empty or announcing cannot
     start (logged as a warning: the worker serves anyway). ``security``: aiokafka options
-    (``worker.kafka.security.client_options``). Call ``stop()`` on the result when the
+    (``kembed_shared.kafka.security.client_options``). Call ``stop()`` on the result when the
     worker stops; it also stops the announcer's producer."""
     if not settings.catalog_topic:
         return None

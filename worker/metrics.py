@@ -21,12 +21,13 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import generate_latest
 
+from kembed_shared.observability.metrics import CONTENT_TYPE
+
 __all__ = ["CONTENT_TYPE", "METRIC_NAMES", "Metrics"]
 
 # The *_created samples double a scrape's size and no dashboard uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)

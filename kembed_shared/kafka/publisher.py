@@ -27,8 +27,8 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.metadata import MetadataRequest
 
-from worker.kafka.security import check_access, diagnose_login, principal_of
-from worker.ports import KafkaAccessError, PublishError, TopicPartition
+from kembed_shared.kafka.security import check_access, diagnose_login, principal_of
+from kembed_shared.ports import KafkaAccessError, PublishError, TopicPartition
 
 __all__ = ["DEFAULT_BATCH_BYTES", "KafkaPublisher", "KafkaTransactionalPublisher"]
 
@@ -83,7 +83,8 @@ class _Producer:
     def __init__(
         self, bootstrap_servers: str, security: Mapping[str, Any] | None, **options: Any
     ) -> None:
-        """``security``: aiokafka security options (``worker.kafka.security.client_options``)."""
+        """``security``: aiokafka security options
+        (``kembed_shared.kafka.security.client_options``)."""
         self._bootstrap_servers = bootstrap_servers
         self._security = dict(security or {})
         self._producer = AIOKafkaProducer(

@@ -9,40 +9,40 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
-import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kembed_cli.common import (
+    add_settings_flags,
+    quiet_kafka_logs,
+    security_options,
+    settings_from,
+    text_table,
+    write_json,
+)
+from kembed_shared.settings import KafkaClientSettings
 from schemas.catalog import DEFAULT_CATALOG_TOPIC
-from worker.settings import SECURITY_FIELDS, KafkaClientSettings
 
 if TYPE_CHECKING:
     from producer_sdk.catalog import CatalogModel
 
-__all__ = ["add_models_command", "models_json", "render_models"]
+__all__ = ["add_parser", "models_json", "render_models", "run"]
 
 _COLUMNS = ("name", "aliases", "dim", "pooling", "dtype", "quantization", "workers", "topic")
 
 
-def add_models_command(
-    commands: Any,
-    add_flags: Callable[[argparse.ArgumentParser, type[KafkaClientSettings]], None],
-    settings: Callable[[argparse.Namespace], KafkaClientSettings | None],
-) -> None:
-    """Add ``models`` to the ``kembed`` subcommands. ``add_flags`` adds the Kafka connection
-    flags; ``settings`` reads them back (None after printing why they are invalid)."""
-    parser: argparse.ArgumentParser = commands.add_parser(
-        "models",
-        help="list the models the workers serve (the model catalog)",
+def add_parser(subcommands: Any, name: str, summary: str) -> None:
+    parser: argparse.ArgumentParser = subcommands.add_parser(
+        name,
+        help=summary,
         description="Read the model catalog topic and list the models live workers "
         "announce: name, aliases, dimension, pooling, precision, how many workers serve "
         "it and the topic requests for it go to. Exit status 0, or 2 when the brokers "
         "cannot be reached.",
     )
-    add_flags(parser, KafkaClientSettings)
+    add_settings_flags(parser, KafkaClientSettings)
     parser.add_argument(
         "--catalog-topic",
         default=os.environ.get("KEMBED_CATALOG_TOPIC") or DEFAULT_CATALOG_TOPIC,
@@ -52,38 +52,29 @@ def add_models_command(
         "--timeout", type=float, default=10.0, help="seconds to wait for Kafka (default: 10)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.set_defaults(handler=lambda args: _run(args, settings(args)))
 
 
-def _run(args: argparse.Namespace, kafka: KafkaClientSettings | None) -> int:
+def run(args: argparse.Namespace) -> int:
     from producer_sdk import ClientConfig, KembedError
     from producer_sdk.catalog import read_catalog
 
+    kafka = settings_from(KafkaClientSettings, args, "models")
     if kafka is None:
         return 2
-    security = {name: getattr(kafka, name) for name in SECURITY_FIELDS}
     config = ClientConfig(
         kafka.bootstrap_servers,
         client_id="kembed-models",
         catalog_topic=args.catalog_topic,
-        **security,
+        **security_options(kafka),
     )
-    # aiokafka logs every failed connection attempt; the outcome is reported once below.
-    aiokafka_log = logging.getLogger("aiokafka")
-    quiet, propagate = logging.NullHandler(), aiokafka_log.propagate
-    aiokafka_log.addHandler(quiet)
-    aiokafka_log.propagate = False
     try:
-        models = asyncio.run(read_catalog(config, timeout=args.timeout))
+        with quiet_kafka_logs():
+            models = asyncio.run(read_catalog(config, timeout=args.timeout))
     except KembedError as exc:
         print(f"kembed models: {exc}", file=sys.stderr)
         return 2
-    finally:
-        aiokafka_log.removeHandler(quiet)
-        aiokafka_log.propagate = propagate
     if args.json:
-        json.dump(models_json(models), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_json(models_json(models), indent=2)
     elif models:
         print(render_models(models))
     else:
@@ -117,7 +108,4 @@ def render_models(models: Sequence[CatalogModel]) -> str:
         )
         for model in models
     ]
-    widths = [max(len(row[i]) for row in [_COLUMNS, *rows]) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-             for row in [_COLUMNS, *rows]]  # fmt: skip
-    return "\n".join(line.rstrip() for line in lines)
+    return "\n".join(text_table(_COLUMNS, rows))

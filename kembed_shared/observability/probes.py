@@ -17,7 +17,7 @@ import asyncio
 import json
 from typing import Any, Protocol
 
-from worker.observability.http import Response
+from kembed_shared.observability.http import Response
 
 __all__ = ["PipelineView", "Probes"]
 

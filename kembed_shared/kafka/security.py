@@ -5,7 +5,7 @@ log), and an unauthorized topic in a subscription as nothing at all: the consume
 partitions that never come. So the worker asks two questions itself, before it loads the
 model: can it log in (:func:`diagnose_login`), and may its principal do what it needs on
 each topic and its group (:func:`check_access`, from the broker's own answer, KIP-430)?
-Both raise :class:`~worker.ports.KafkaAccessError`, whose text never holds a secret.
+Both raise :class:`~kembed_shared.ports.KafkaAccessError`, whose text never holds a secret.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
 
-from worker.ports import KafkaAccessError
-from worker.settings import KafkaClientSettings
+from kembed_shared.ports import KafkaAccessError
+from kembed_shared.settings import KafkaClientSettings
 
 __all__ = ["check_access", "client_options", "diagnose_login", "principal_of"]
 

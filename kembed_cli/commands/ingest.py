@@ -1,8 +1,7 @@
 """``kembed ingest``: a JSONL file (or stdin) into the bulk lane, with a progress bar.
 
-``worker.cli`` parses the command line and the Kafka settings and calls
-:func:`run_ingest_command`; everything else (reading, sending, reporting, exit status)
-lives here, on the SDK's public API.
+:func:`run` parses the command line and the Kafka settings and calls
+:func:`run_ingest_command`, which reads, sends and reports on the SDK's public API.
 
 Exit status: 0 when every document was acknowledged by Kafka (lines skipped with
 ``skip_invalid`` are reported, not failures); 1 when Kafka refused or failed (cannot
@@ -14,26 +13,109 @@ many documents were acknowledged before it: those are in Kafka and will be answe
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
-import logging
+import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
 
 from aiokafka.errors import KafkaError
 
+from kembed_cli.common import (
+    add_settings_flags,
+    positive_int,
+    quiet_kafka_logs,
+    security_options,
+    settings_from,
+)
+from kembed_cli.progress import ProgressBar, format_bytes
+from kembed_shared.settings import KafkaClientSettings
 from producer_sdk.client import EmbedClient
 from producer_sdk.errors import IngestError, KembedError, RequestTooLargeError
 from producer_sdk.ingest import IngestSummary, JsonlError, JsonlReader, ingest
-from producer_sdk.progress import ProgressBar, format_bytes
+from schemas import Encoding
 from schemas.codec import is_valid_topic
+from worker.settings import WorkerSettings
 
-__all__ = ["IngestCommand", "run_ingest_command"]
+__all__ = ["IngestCommand", "add_parser", "run", "run_ingest_command"]
 
 OK, KAFKA_FAILED, BAD_INPUT, INTERRUPTED = 0, 1, 2, 130
+
+_DEFAULT_TOPIC = str(WorkerSettings.model_fields["bulk_topic"].default)
+
+
+def add_parser(subcommands: Any, name: str, summary: str) -> None:
+    parser: argparse.ArgumentParser = subcommands.add_parser(
+        name,
+        help=summary,
+        description="Read documents from a JSONL file (one JSON object per line; - reads "
+        "standard input) and submit them in batches to the bulk request topic, without "
+        "waiting for the vectors: workers answer on --reply-to, one result per batch with "
+        "the documents' ids as keys and their metadata in meta.docs, for a sink to read. "
+        "Exit status 0 when Kafka acknowledged every document, 1 when Kafka failed or "
+        "refused, 2 for unusable input or settings. Takes the Kafka flags of kembed embed.",
+    )
+    parser.add_argument("source", metavar="FILE", help="JSONL file, or - for standard input")
+    parser.add_argument("--text-field", default="text", help="field holding the text")
+    parser.add_argument("--id-field", default="id", help="field holding the document id")
+    parser.add_argument(
+        "--meta-field",
+        dest="meta_fields",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="field copied into the document's metadata (repeat for more)",
+    )
+    parser.add_argument("--reply-to", default=None, help="topic for the results")
+    parser.add_argument("--model", default=None, help="model to ask for")
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="docs per request")
+    parser.add_argument(
+        "--max-in-flight", type=positive_int, default=4, help="requests awaiting Kafka at once"
+    )
+    parser.add_argument(
+        "--topic",
+        default=os.environ.get("KEMBED_BULK_TOPIC") or _DEFAULT_TOPIC,
+        help="request topic [env: KEMBED_BULK_TOPIC] (default: %(default)s)",
+    )
+    parser.add_argument("--prompt", default=None, help="text prepended to every input")
+    parser.add_argument("--dimensions", type=positive_int, default=None, help="keep N dims")
+    parser.add_argument("--no-normalize", action="store_true", help="skip L2 normalization")
+    parser.add_argument(
+        "--encoding", choices=[str(e) for e in Encoding], default=str(Encoding.FLOAT32)
+    )
+    parser.add_argument(
+        "--skip-invalid", action="store_true", help="skip and count bad lines instead of failing"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_settings_flags(parser, KafkaClientSettings)
+
+
+def run(args: argparse.Namespace) -> int:
+    kafka = settings_from(KafkaClientSettings, args, "ingest")
+    if kafka is None:
+        return 2
+    command = IngestCommand(
+        source=args.source,
+        text_field=args.text_field,
+        id_field=args.id_field,
+        meta_fields=tuple(args.meta_fields),
+        topic=args.topic,
+        reply_to=args.reply_to,
+        model=args.model,
+        batch_size=args.batch_size,
+        max_in_flight=args.max_in_flight,
+        prompt=args.prompt,
+        normalize=not args.no_normalize,
+        dimensions=args.dimensions,
+        encoding=args.encoding,
+        skip_invalid=args.skip_invalid,
+        quiet=args.quiet,
+    )
+    return run_ingest_command(command, kafka.bootstrap_servers, security_options(kafka))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +163,7 @@ def run_ingest_command(
         opened = _open(command.source)
     except OSError as exc:
         return fail(f"cannot read {command.source}: {exc.strerror or exc}", BAD_INPUT)
-    with opened as file, _quiet_kafka_logs():
+    with opened as file, quiet_kafka_logs():
         reader = JsonlReader(
             file,
             text_field=command.text_field,
@@ -202,17 +284,3 @@ def _summary_line(command: IngestCommand, summary: IngestSummary, reader: JsonlR
 
 def _count(number: int, noun: str) -> str:
     return f"{number:,} {noun}{'' if number == 1 else 's'}"
-
-
-@contextlib.contextmanager
-def _quiet_kafka_logs() -> Iterator[None]:
-    """aiokafka logs every failed connection attempt; the outcome is reported once."""
-    kafka_log = logging.getLogger("aiokafka")
-    quiet, propagate = logging.NullHandler(), kafka_log.propagate
-    kafka_log.addHandler(quiet)
-    kafka_log.propagate = False
-    try:
-        yield
-    finally:
-        kafka_log.removeHandler(quiet)
-        kafka_log.propagate = propagate

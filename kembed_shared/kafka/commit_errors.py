@@ -45,7 +45,7 @@ Fatal (true): everything else, and in particular
   again changes nothing.
 
 A consumer that meets a fatal failure raises :class:`FatalCommitError`, a
-:class:`~worker.ports.KafkaAccessError` (so it ends the process like a refused login or a
+:class:`~kembed_shared.ports.KafkaAccessError` (so it ends the process like a refused login or a
 missing ACL found at start-up: one error event, exit status 1).
 """
 
@@ -55,7 +55,7 @@ import time
 
 from aiokafka import errors as kafka_errors
 
-from worker.ports import KafkaAccessError
+from kembed_shared.ports import KafkaAccessError
 
 __all__ = ["CommitFailures", "FatalCommitError", "commit_error_hint", "commit_error_is_fatal"]
 

@@ -1,6 +1,6 @@
 """What the pipeline needs from the outside world, as data and Protocols.
 
-Only ``worker.kafka`` implements these with aiokafka; the stages and their tests see these
+Only ``kembed_shared.kafka`` implements these with aiokafka; the stages and their tests see these
 types alone, so a stage can be tested with a fake source and publisher.
 """
 
@@ -51,7 +51,7 @@ class KafkaAccessError(Exception):
     """Kafka refused the worker: ``kind`` is "authentication" (login or TLS handshake
     rejected), "authorization" (the principal lacks an ACL), "tls" (the TLS files cannot
     be loaded) or "commit" (offset commits refused for good:
-    ``worker.kafka.commit_errors.FatalCommitError``). Retrying will not help, so the worker
+    ``kembed_shared.kafka.commit_errors.FatalCommitError``). Retrying will not help, so the worker
     stops; ``reason`` says what to fix and never holds a secret."""
 
     def __init__(self, kind: str, reason: str) -> None:

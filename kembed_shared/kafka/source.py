@@ -15,8 +15,8 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 
-from worker.kafka.security import principal_of
-from worker.ports import KafkaAccessError, Record, TopicPartition
+from kembed_shared.kafka.security import principal_of
+from kembed_shared.ports import KafkaAccessError, Record, TopicPartition
 
 __all__ = ["KafkaSource"]
 
@@ -66,7 +66,8 @@ class KafkaSource:
         group_instance_id: str | None = None,
         security: Mapping[str, Any] | None = None,
     ) -> None:
-        """``security``: aiokafka security options (``worker.kafka.security.client_options``).
+        """``security``: aiokafka security options
+        (``kembed_shared.kafka.security.client_options``).
         ``group_instance_id``: Kafka's group.instance.id (static membership), or None."""
         self._topics = topics
         self.group_id = group_id

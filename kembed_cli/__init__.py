@@ -1,0 +1,1 @@
+"""The ``kembed`` command: one module per subcommand under :mod:`kembed_cli.commands`."""

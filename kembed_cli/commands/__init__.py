@@ -1,0 +1,1 @@
+"""One module per ``kembed`` subcommand, each imported only when its subcommand runs."""

@@ -1,0 +1,69 @@
+"""``kembed embed``: embed texts through Kafka and print the vectors as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from kembed_cli.common import add_settings_flags, security_options, settings_from, write_json
+from kembed_shared.settings import KafkaClientSettings
+from schemas import Encoding
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subcommands: Any, name: str, summary: str) -> None:
+    parser: argparse.ArgumentParser = subcommands.add_parser(
+        name,
+        help=summary,
+        description="Embed texts through Kafka and print the vectors as JSON. The Kafka "
+        "connection flags are the worker's, and read the same KEMBED_* environment "
+        "variables (so a password need not be on the command line).",
+    )
+    parser.add_argument("texts", nargs="+", metavar="TEXT")
+    add_settings_flags(parser, KafkaClientSettings)
+    parser.add_argument("--model", default=None, help="model to ask for (default: the served one)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait")
+    parser.add_argument("--no-normalize", action="store_true", help="skip L2 normalization")
+    parser.add_argument("--dimensions", type=int, default=None, help="keep the first N dims")
+    parser.add_argument(
+        "--encoding",
+        choices=[str(encoding) for encoding in Encoding],
+        default=str(Encoding.FLOAT32),
+        help="output encoding: int8 prints codes and per-vector scales, binary packed bytes",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from producer_sdk import EmbedClient, KembedError
+
+    kafka = settings_from(KafkaClientSettings, args, "embed")
+    if kafka is None:
+        return 2
+
+    async def embed() -> dict[str, Any]:
+        async with EmbedClient(kafka.bootstrap_servers, **security_options(kafka)) as client:
+            result = await client.embed_result(
+                args.texts,
+                timeout=args.timeout,
+                model=args.model,
+                normalize=not args.no_normalize,
+                dimensions=args.dimensions,
+                encoding=args.encoding,
+            )
+        output: dict[str, Any] = {"dim": result.dim, "vectors": result.vectors.tolist()}
+        if result.encoding != Encoding.FLOAT32:
+            output["encoding"] = str(result.encoding)
+        if result.scales is not None:
+            output["scales"] = result.scales.tolist()
+        return output
+
+    try:
+        output = asyncio.run(embed())
+    except KembedError as exc:
+        print(f"kembed embed: {exc}", file=sys.stderr)
+        return 1
+    write_json(output)
+    return 0

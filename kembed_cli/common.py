@@ -1,0 +1,143 @@
+"""What the ``kembed`` subcommands share: flags generated from settings models, reading
+them back, and quiet Kafka client logs.
+
+Flags are generated from the pydantic settings models (``WorkerSettings``,
+``KafkaClientSettings``, ``SinkSettings``), so a setting, its env var and its flag can never
+drift apart; a flag given on the command line wins over the env var.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import types
+import typing
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from kembed_shared.settings import SECURITY_FIELDS, KafkaClientSettings, describe_errors
+
+__all__ = [
+    "add_settings_flags",
+    "local_models_only",
+    "positive_int",
+    "quiet_kafka_logs",
+    "security_options",
+    "settings_from",
+    "text_table",
+    "write_json",
+]
+
+_S = TypeVar("_S", bound=BaseModel)
+
+
+def add_settings_flags(
+    parser: argparse.ArgumentParser,
+    model: type[BaseModel] = KafkaClientSettings,
+    env_prefix: str = "KEMBED_",
+) -> None:
+    """One ``--flag`` per field of ``model``, its help the field's description."""
+    for name, field in model.model_fields.items():
+        env = f"{env_prefix}{name.upper()}"
+        kind, choices = _flag_type(field.annotation)
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            type=kind,
+            choices=choices,
+            default=None,
+            metavar=name.upper() if choices is None else None,
+            help=f"{field.description} [env: {env}] "
+            + ("(required)" if field.is_required() else f"(default: {field.default})"),
+        )
+
+
+def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
+    """argparse type and choices for a settings field's annotation."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return str, [str(a) for a in typing.get_args(annotation)]
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
+        return _flag_type(args[0])
+    if annotation is bool:
+        return str, ["true", "false"]
+    if annotation in (int, float):
+        return annotation, None
+    return str, None
+
+
+def settings_from(model: type[_S], args: argparse.Namespace, command: str) -> _S | None:
+    """Settings from flags over env vars; None (after saying why) when they are invalid."""
+    overrides = {
+        name: value for name in model.model_fields if (value := getattr(args, name)) is not None
+    }
+    try:
+        return model(**overrides)
+    except ValidationError as exc:
+        # Never print pydantic's own text: it repeats the inputs, secrets included.
+        print(f"kembed {command}: invalid settings:\n{describe_errors(exc)}", file=sys.stderr)
+        return None
+
+
+def security_options(kafka: KafkaClientSettings) -> dict[str, Any]:
+    """The security settings as :class:`producer_sdk.ClientConfig` keyword arguments."""
+    return {name: getattr(kafka, name) for name in SECURITY_FIELDS}
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
+    return value
+
+
+def local_models_only() -> None:
+    """Never reach for a model hub at run time: models come from local files only."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # One tokenizer thread is enough and leaves the cores to the encoder (the Rust
+    # tokenizer would otherwise spread each large batch over every core).
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@contextlib.contextmanager
+def quiet_kafka_logs() -> Iterator[None]:
+    """aiokafka logs every failed connection attempt; a command reports the outcome once."""
+    kafka_log = logging.getLogger("aiokafka")
+    quiet, propagate = logging.NullHandler(), kafka_log.propagate
+    kafka_log.addHandler(quiet)
+    kafka_log.propagate = False
+    try:
+        yield
+    finally:
+        kafka_log.removeHandler(quiet)
+        kafka_log.propagate = propagate
+
+
+def write_json(value: Any, indent: int | None = None) -> None:
+    """``value`` as JSON on standard output, one document and a newline."""
+    import json
+
+    json.dump(value, sys.stdout, indent=indent)
+    sys.stdout.write("\n")
+
+
+def text_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int] | None = None
+) -> list[str]:
+    """Aligned text columns, two spaces apart; columns in ``right`` align right."""
+    right = right or set()
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [line(header), *(line(r) for r in rows)]

@@ -1,0 +1,1 @@
+"""The layer the worker, the sink and the SDK share: Kafka plumbing, settings, observability."""

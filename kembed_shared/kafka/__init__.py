@@ -1,0 +1,1 @@
+"""Kafka clients for kembed: consumer source, publisher, security, admin, group status."""

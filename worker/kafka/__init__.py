@@ -1,1 +1,0 @@
-"""The worker's only aiokafka users: the request source and the result publisher."""

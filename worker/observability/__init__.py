@@ -1,1 +1,0 @@
-"""Logging (and, later, metrics and health) for the worker."""
