@@ -244,7 +244,7 @@ def kembed_run(
             [
                 sys.executable,
                 "-m",
-                "kembed_cli.main",
+                "kembed_cli",
                 "ingest",
                 str(docs),
                 "--id-field",

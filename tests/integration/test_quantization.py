@@ -28,7 +28,7 @@ def validate(*flags: str) -> tuple[int, dict[str, Any]]:
         [
             sys.executable,
             "-m",
-            "kembed_cli.main",
+            "kembed_cli",
             "validate",
             "--limit",
             str(PAIRS),

@@ -33,7 +33,7 @@ def kembed_status(kafka: LocalKafka, *args: str) -> subprocess.CompletedProcess[
         [
             sys.executable,
             "-m",
-            "kembed_cli.main",
+            "kembed_cli",
             "status",
             "--bootstrap-servers",
             kafka.bootstrap_servers,
