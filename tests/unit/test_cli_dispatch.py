@@ -1,0 +1,70 @@
+"""``kembed``'s dispatch: one module per subcommand, imported only when it runs, and a
+missing install extra reported in one line with exit status 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kembed_cli import extras
+from kembed_cli.main import COMMANDS, build_parser, main
+from tests.conftest import ROOT
+
+
+def test_every_subcommand_has_a_module_with_add_parser_and_run() -> None:
+    for name in COMMANDS:
+        parser = build_parser(name)
+        args = parser.parse_args([name, *(["x"] if name in ("embed", "ingest") else [])])
+        assert args.command == name
+
+
+def test_an_unknown_command_prints_the_choices_and_returns_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'serve'" in err
+    assert "worker, validate, embed" in err
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("kembed ")
+
+
+@pytest.mark.parametrize(("command", "extra"), [("worker", "worker"), ("sink", "sink")])
+def test_a_missing_extra_is_one_line_naming_it_and_exit_2(
+    command: str, extra: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = extras.EXTRAS[extra][0]
+    real = extras._find
+    monkeypatch.setattr(extras, "_find", lambda name: None if name == module else real(name))
+    argv = [command, *(["--target", "postgresql://u@h/db"] if command == "sink" else [])]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert f"kembed[{extra}]" in lines[0]
+    assert module in lines[0]
+
+
+def test_a_client_command_imports_neither_the_worker_nor_a_model_package() -> None:
+    """``kembed embed --help`` loads its own module only: no worker runtime, no torch."""
+    probe = (
+        "import sys\n"
+        "from kembed_cli.main import main\n"
+        "try:\n"
+        "    main(['embed', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = {'torch', 'transformers', 'worker.app', 'worker.pipeline', 'sink.app',"
+        " 'kembed_cli.commands.worker', 'kembed_cli.commands.sink'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]"
