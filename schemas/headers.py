@@ -8,6 +8,7 @@ can still answer a message whose body it cannot read.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from schemas.codec import is_valid_topic
 from schemas.errors import Envelope
@@ -23,6 +24,8 @@ __all__ = [
     "REPLY_PARTITION",
     "REPLY_TOPIC",
     "Headers",
+    "Origin",
+    "dead_letter_headers",
     "envelope_from_headers",
     "fill_from_headers",
     "routing_headers",
@@ -43,6 +46,39 @@ DLQ_OFFSET = "kembed.dlq.offset"
 DLQ_ERROR_CODE = "kembed.dlq.error.code"
 DLQ_ERROR_MESSAGE = "kembed.dlq.error.message"
 """Headers of a dead-lettered message: where it came from and why; numbers as decimal text."""
+
+
+class Origin(Protocol):
+    """A message as it was read (a consumed record: ``kembed_shared.ports.Record``)."""
+
+    @property
+    def topic(self) -> str:
+        """The topic it was read from."""
+
+    @property
+    def partition(self) -> int:
+        """Its partition there."""
+
+    @property
+    def offset(self) -> int:
+        """Its offset in that partition."""
+
+    @property
+    def headers(self) -> Headers:
+        """The headers it was sent with."""
+
+
+def dead_letter_headers(origin: Origin, code: str, message: str) -> list[tuple[str, bytes]]:
+    """The original headers plus where the message came from and why it is dead-lettered
+    (the message UTF-8, a character it cannot hold written as ``?``)."""
+    return [
+        *origin.headers,
+        (DLQ_TOPIC, origin.topic.encode()),
+        (DLQ_PARTITION, str(origin.partition).encode()),
+        (DLQ_OFFSET, str(origin.offset).encode()),
+        (DLQ_ERROR_CODE, code.encode()),
+        (DLQ_ERROR_MESSAGE, message.encode("utf-8", "replace")),
+    ]
 
 
 def routing_headers(

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import signal
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,13 +21,13 @@ from typing import Any, TypeVar
 import numpy as np
 import structlog
 
-from kembed_shared.kafka.commit_errors import CommitFailures, FatalCommitError, commit_error_hint
+from kembed_shared.kafka.commit_errors import CommitFailures, FatalCommitError, log_commit_retried
 from kembed_shared.kafka.publisher import KafkaPublisher
 from kembed_shared.kafka.security import client_options
 from kembed_shared.kafka.source import KafkaSource
-from kembed_shared.observability.http import HttpServer
 from kembed_shared.observability.logging import configure_logging, redacted
 from kembed_shared.observability.probes import Probes
+from kembed_shared.observability.service import http_endpoints, stop_on_signals
 from kembed_shared.ports import (
     KafkaAccessError,
     Publisher,
@@ -39,14 +37,8 @@ from kembed_shared.ports import (
     TopicPartition,
 )
 from kembed_shared.settings import KafkaClientSettings
-from schemas.headers import (
-    DLQ_ERROR_CODE,
-    DLQ_ERROR_MESSAGE,
-    DLQ_OFFSET,
-    DLQ_PARTITION,
-    DLQ_TOPIC,
-)
-from sink.metrics import CONTENT_TYPE, SinkMetrics
+from schemas.headers import dead_letter_headers
+from sink.metrics import SinkMetrics
 from sink.rows import DIMENSION_MISMATCH, Refused, Row, RowsOf, newest, rows_of
 from sink.settings import SinkSettings
 from sink.store import (
@@ -118,43 +110,33 @@ async def run_sink(settings: SinkSettings, kafka: KafkaClientSettings) -> None:
     probes = Probes(
         stuck_batch_s=settings.health_stuck_batch_s, phase="starting", busy="sink", name="sink"
     )
-    metrics.ready.set_function(lambda: 1.0 if probes.ready()[0] else 0.0)
     info = _info(settings, kafka)
     metrics.info.info({k: str(v) for k, v in info.items() if not isinstance(v, dict)})
-    server = HttpServer(
+    async with http_endpoints(
         settings.http_host,
         settings.http_port,
-        {
-            "/health": probes.health_response,
-            "/ready": probes.ready_response,
-            "/metrics": lambda: (200, CONTENT_TYPE, metrics.exposition()),
-            "/info": lambda: (200, "application/json", _json(info)),
-        },
-    )
-    await server.start()
-    log.info("http.started", host=settings.http_host, port=server.port)
-    watcher = asyncio.create_task(probes.watch_loop())
-    try:
-        await _serve(settings, kafka, metrics, probes, info)
-    except FatalCommitError as exc:
-        log.error(f"kafka.{exc.kind}_failed", reason=exc.reason, error=exc.error)
-        raise
-    except KafkaAccessError as exc:
-        log.error(f"kafka.{exc.kind}_failed", reason=exc.reason)
-        raise
-    except DimensionMismatchError as exc:
-        log.error("sink.dimension_mismatch", reason=str(exc))
-        raise
-    except TargetError as exc:
-        log.error("sink.target_failed", reason=str(exc))
-        raise
-    except TransientWriteError as exc:
-        log.error("sink.write_failed", reason=str(exc))
-        raise
-    finally:
-        probes.phase = "stopped"
-        watcher.cancel()
-        await server.stop()
+        probes=probes,
+        metrics=metrics,
+        info=lambda: info,
+        log=log,
+    ):
+        try:
+            await _serve(settings, kafka, metrics, probes, info)
+        except FatalCommitError as exc:
+            log.error(f"kafka.{exc.kind}_failed", reason=exc.reason, error=exc.error)
+            raise
+        except KafkaAccessError as exc:
+            log.error(f"kafka.{exc.kind}_failed", reason=exc.reason)
+            raise
+        except DimensionMismatchError as exc:
+            log.error("sink.dimension_mismatch", reason=str(exc))
+            raise
+        except TargetError as exc:
+            log.error("sink.target_failed", reason=str(exc))
+            raise
+        except TransientWriteError as exc:
+            log.error("sink.write_failed", reason=str(exc))
+            raise
     log.info("sink.stopped")
 
 
@@ -182,7 +164,6 @@ async def _serve(
         await publisher.check_access(
             {settings.results_topic: {"read"}, dlq_topic: {"write"}}, settings.group_id
         )
-        loop = asyncio.get_running_loop()
         table_dim = await _open_store(store, settings, executor)
         if table_dim is not None and settings.dim is not None and table_dim != settings.dim:
             raise DimensionMismatchError(
@@ -209,9 +190,7 @@ async def _serve(
             executor=executor,
             table_dim=table_dim,
         )
-        probes.pipeline = sink
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, _stop, sink, probes, sig)
+        stop_on_signals(sink, probes, log, "sink")
         probes.phase = "joining"
         await source.start(sink.on_revoked, sink.on_assigned)
         probes.phase = "serving"
@@ -521,14 +500,7 @@ class Sink:
         log.warning(event, reason=refused.message, **fields)
         self._metrics.errors.labels(refused.code).inc()
         self._metrics.results.labels(refused.code).inc()
-        headers = [
-            *record.headers,
-            (DLQ_TOPIC, record.topic.encode()),
-            (DLQ_PARTITION, str(record.partition).encode()),
-            (DLQ_OFFSET, str(record.offset).encode()),
-            (DLQ_ERROR_CODE, refused.code.encode()),
-            (DLQ_ERROR_MESSAGE, refused.message[:_MAX_DLQ_MESSAGE].encode()),
-        ]
+        headers = dead_letter_headers(record, refused.code, refused.message[:_MAX_DLQ_MESSAGE])
         deadline = time.monotonic() + self._settings.write_retry_s
         tries = 0
         while True:
@@ -565,12 +537,7 @@ class Sink:
             fatal = self._commit_failures.failed(exc)
             if fatal is not None:
                 raise fatal from exc
-            log.warning(
-                "commit.failed",
-                error=type(exc).__name__,
-                reason=commit_error_hint(exc),
-                partitions=_names(offsets),
-            )
+            log_commit_retried(log, exc, offsets)
             return
         self._pending.clear()
         self._commit_failures.succeeded()
@@ -621,13 +588,3 @@ def _info(settings: SinkSettings, kafka: KafkaClientSettings) -> dict[str, Any]:
         "group_id": settings.group_id,
         "bootstrap_servers": kafka.bootstrap_servers,
     }
-
-
-def _json(body: dict[str, Any]) -> bytes:
-    return (json.dumps(body) + "\n").encode()
-
-
-def _stop(sink: Sink, probes: Probes, sig: signal.Signals) -> None:
-    log.info("sink.stopping", signal=sig.name)
-    probes.phase = "draining"
-    sink.stop()

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeAlias
 
@@ -26,16 +22,17 @@ from kembed_shared.kafka.publisher import (
 from kembed_shared.kafka.security import client_options
 from kembed_shared.kafka.source import KafkaSource
 from kembed_shared.observability.fatal import ExitCode, error_fields, loop_exception_handler
-from kembed_shared.observability.http import HttpServer
 from kembed_shared.observability.logging import configure_logging, redacted
 from kembed_shared.observability.probes import Probes
+from kembed_shared.observability.service import http_endpoints, stop_on_signals
 from kembed_shared.ports import KafkaAccessError
 from worker.encoder import Encoder, ModelInfo
-from worker.metrics import CONTENT_TYPE, Metrics
+from worker.metrics import Metrics
 from worker.pipeline import Pipeline, ServedModel
 from worker.quality import GateThresholds, QualityReport, gate_pairs_path, load_pairs, validate
 from worker.settings import ModelSpec, WorkerSettings
 from worker.tokenization import TextTokenizer
+from worker.tuning import Tuner, start_tuning
 
 __all__ = [
     "ModelLoadError",
@@ -44,8 +41,6 @@ __all__ = [
     "load_model",
     "load_served_model",
     "run_worker",
-    "start_tuning",
-    "tune_model",
 ]
 
 log = structlog.get_logger("kembed.worker")
@@ -122,166 +117,6 @@ ModelLoader: TypeAlias = Callable[[WorkerSettings, ModelSpec], ServedModel]
 that measures the worker without its model (``loadtest.ceiling_worker``), a stand-in."""
 
 
-def tuning_options(settings: WorkerSettings, encoder: Encoder) -> list[Any]:
-    """The candidates tune_model measures for a single-model ``settings`` (none to measure
-    when the explicit settings leave only the variant already served)."""
-    from worker.encoder.autotune import Candidate, candidates
-
-    if settings.quantization != "none":
-        return []
-    from worker.encoder.torch_backend import TorchEncoder, bf16_supported
-
-    if not isinstance(encoder, TorchEncoder):
-        return []  # an encoder without variants (a benchmark's stand-in) serves as it is
-
-    device = encoder.info.device.split(":")[0]
-    bf16 = bf16_supported(device)
-    options = candidates(settings.dtype, settings.torch_compile, device, bf16_supported=bf16)
-    if options == [Candidate(encoder.info.dtype, encoder.info.compiled)]:
-        return []
-    if settings.tune_budget_s == 0 and len(options) > 1:
-        return []  # no measuring: the safe variant stays
-    return options
-
-
-def tune_model(
-    model: ServedModel,
-    settings: WorkerSettings,
-    on_encoder: Callable[[Callable[[], Any]], Any],
-    result: Any,
-    metrics: Metrics | None = None,
-) -> Any:
-    """Measure and install the fastest variant of ``model`` (worker/encoder/autotune.py).
-    Blocking; runs on a thread of its own, ``on_encoder`` reaching the encoder thread."""
-    from worker.encoder import autotune
-
-    options = tuning_options(settings, model.encoder)
-    tokenizer = model.tokenizer
-    ids = [piece.ids for piece in tokenizer.encode(autotune.workload_texts())]
-    workload = autotune.tuning_workload(ids, settings.max_batch_tokens, settings.max_batch_size)
-    reference = [piece.ids for piece in tokenizer.encode(autotune.tuning_texts()[:48])]
-    gate = _tuning_gate(settings, tokenizer) if settings.quality_gate else None
-
-    def switched(candidate: Any) -> None:
-        if metrics is not None:
-            _set_phase(metrics, model.name, "compiled" if candidate.compiled else "tuning")
-
-    outcome = autotune.tune(
-        model.encoder,
-        options,
-        workload=workload,
-        reference_ids=reference,
-        min_mean_cosine=settings.quality_min_mean_cosine,
-        budget_s=settings.tune_budget_s,
-        on_encoder=on_encoder,
-        result=result,
-        on_switch=switched,
-        gate=gate,
-    )
-    if metrics is not None:
-        _set_phase(metrics, model.name, outcome.phase)
-        for row in outcome.table:
-            if row.texts_per_s is not None:
-                metrics.tuning_texts_per_second.labels(model.name, row.candidate.name).set(
-                    row.texts_per_s
-                )
-    return outcome
-
-
-def _tuning_gate(settings: WorkerSettings, tokenizer: TextTokenizer) -> Any:
-    """The quality gate (STS-B pairs) on a variant the tuner is about to install."""
-    thresholds = GateThresholds(
-        settings.quality_max_spearman_drop, settings.quality_min_mean_cosine
-    )
-    pairs = load_pairs(gate_pairs_path(settings.quality_gate_pairs))
-
-    def gate(candidate: Any, reference: Any) -> str | None:
-        from worker.quality import judge_embedders
-
-        def embedder(embed: Any) -> Any:
-            return lambda texts: embed([piece.ids for piece in tokenizer.encode(texts)])
-
-        report = judge_embedders(pairs, embedder(reference), embedder(candidate), thresholds)
-        return None if report.passed else report.summary()
-
-    return gate
-
-
-def _set_phase(metrics: Metrics, model: str, phase: str) -> None:
-    for known in ("tuning", "eager", "compiled"):
-        metrics.encoder_phase.labels(model, known).set(1.0 if known == phase else 0.0)
-
-
-def start_tuning(
-    models: list[ServedModel],
-    settings: WorkerSettings,
-    encode_thread: ThreadPoolExecutor,
-    metrics: Metrics,
-    tunings: dict[str, Any],
-) -> _Tuner | None:
-    """Tune ``models`` one after the other on a thread of their own, while they serve."""
-    from worker.encoder.autotune import TuningResult
-
-    todo = []
-    for model, spec in zip(models, settings.model_specs(), strict=True):
-        model_settings = settings.for_model(spec)
-        if tuning_options(model_settings, model.encoder):
-            tunings[model.name] = TuningResult("tuning")
-            _set_phase(metrics, model.name, "tuning")
-            todo.append((model, model_settings))
-        else:
-            _set_phase(metrics, model.name, "compiled" if model.encoder.info.compiled else "eager")
-    if not todo:
-        return None
-
-    stopping = threading.Event()
-
-    def on_encoder(fn: Callable[[], Any]) -> Any:
-        if stopping.is_set():
-            raise _TunerStoppedError
-        return encode_thread.submit(fn).result()
-
-    def work() -> None:
-        for model, model_settings in todo:
-            try:
-                tune_model(model, model_settings, on_encoder, tunings[model.name], metrics)
-            except (_TunerStoppedError, CancelledError):
-                return  # the worker is stopping
-            except RuntimeError as exc:
-                if "shutdown" in str(exc):  # the encoder thread is gone: stopping
-                    return
-                _tuning_failed(model, exc, tunings, metrics)
-            except Exception as exc:  # noqa: BLE001 (the served variant stays; say why)
-                _tuning_failed(model, exc, tunings, metrics)
-
-    thread = _Tuner(target=work, name="kembed-tuner", daemon=True)
-    thread.stopping = stopping
-    thread.start()
-    return thread
-
-
-class _TunerStoppedError(Exception):
-    """The worker is stopping: the tuner leaves at its next step."""
-
-
-class _Tuner(threading.Thread):
-    stopping: threading.Event
-
-    def stop(self, timeout: float) -> None:
-        """Ask the tuner to stop and wait for it (a compilation under way finishes)."""
-        self.stopping.set()
-        self.join(timeout)
-
-
-def _tuning_failed(
-    model: ServedModel, exc: Exception, tunings: dict[str, Any], metrics: Metrics
-) -> None:
-    phase = "compiled" if model.encoder.info.compiled else "eager"
-    tunings[model.name].phase = phase
-    _set_phase(metrics, model.name, phase)
-    log.error("encoder.tuning_failed", model=model.name, error=type(exc).__name__, serving=phase)
-
-
 def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
     """Run the largest batch shape once, so the first real request pays no start-up cost
     (and a compiled model is compiled now). Runs on the encoder thread, which sets torch's
@@ -307,28 +142,19 @@ async def run_worker(settings: WorkerSettings, *, load: ModelLoader = load_serve
         # inductor reads it when it first compiles (after this, in the tuner or warm-up).
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = settings.compile_cache_dir
     info: dict[str, Any] = worker_info(settings, None)
-    metrics.ready.set_function(partial(_ready_value, probes))
-    server = HttpServer(
+    async with http_endpoints(
         settings.http_host,
         settings.http_port,
-        {
-            "/health": probes.health_response,
-            "/ready": probes.ready_response,
-            "/metrics": lambda: (200, CONTENT_TYPE, metrics.exposition()),
-            "/info": lambda: (200, "application/json", _json(_live_info(info))),
-        },
-    )
-    await server.start()
-    log.info("http.started", host=settings.http_host, port=server.port)
-    watcher = asyncio.create_task(probes.watch_loop())
-    try:
-        await _serve(settings, metrics, probes, info, load)
-    except KafkaAccessError as exc:
-        log.error(f"kafka.{exc.kind}_failed", reason=exc.reason)
-        raise
-    finally:
-        watcher.cancel()
-        await server.stop()
+        probes=probes,
+        metrics=metrics,
+        info=lambda: _live_info(info),
+        log=log,
+    ):
+        try:
+            await _serve(settings, metrics, probes, info, load)
+        except KafkaAccessError as exc:
+            log.error(f"kafka.{exc.kind}_failed", reason=exc.reason)
+            raise
     log.info("worker.stopped")
 
 
@@ -478,12 +304,10 @@ async def _load_and_run(
         encode_thread=encode_thread,
         metrics=metrics,
     )
-    probes.pipeline = pipeline
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _stop, pipeline, probes, sig)
+    stop_on_signals(pipeline, probes, log, "worker")
     cards = [{key: model[key] for key in MODEL_FIELDS} for model in info["models"]]
     announcer = await start_announcer(settings, cards, security)
-    tuner: _Tuner | None = None
+    tuner: Tuner | None = None
     try:
         await source.start(pipeline.on_revoked, pipeline.on_assigned)
         probes.phase = "serving"
@@ -655,17 +479,3 @@ def _live_info(info: dict[str, Any]) -> dict[str, Any]:
     live["models"] = models
     live["model"] = models[0] if models else None
     return live
-
-
-def _ready_value(probes: Probes) -> float:
-    return 1.0 if probes.ready()[0] else 0.0
-
-
-def _json(body: dict[str, Any]) -> bytes:
-    return (json.dumps(body) + "\n").encode()
-
-
-def _stop(pipeline: Pipeline, probes: Probes, sig: signal.Signals) -> None:
-    log.info("worker.stopping", signal=sig.name)
-    probes.phase = "draining"
-    pipeline.stop()

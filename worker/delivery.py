@@ -29,7 +29,7 @@ from typing import Protocol
 
 import structlog
 
-from kembed_shared.kafka.commit_errors import CommitFailures, commit_error_hint
+from kembed_shared.kafka.commit_errors import CommitFailures, log_commit_retried
 from kembed_shared.ports import (
     Publisher,
     PublishError,
@@ -38,9 +38,9 @@ from kembed_shared.ports import (
     TopicPartition,
     TransactionalPublisher,
 )
-from schemas.headers import CORRELATION_ID
+from schemas.headers import CORRELATION_ID, dead_letter_headers
 from worker.offsets import OffsetTracker
-from worker.publish import dead_letter_headers, result_headers
+from worker.publish import result_headers
 from worker.replies import Replier, ReplyTo, retry_transient
 from worker.settings import WorkerSettings
 
@@ -237,12 +237,7 @@ class AtLeastOnce:
     def _commit_failed(self, exc: Exception, offsets: Mapping[TopicPartition, int]) -> None:
         fatal = self._commit_failures.failed(exc)
         if fatal is None:
-            log.warning(
-                "commit.failed",
-                error=type(exc).__name__,
-                reason=commit_error_hint(exc),
-                partitions=_names(offsets),
-            )
+            log_commit_retried(log, exc, offsets)
             return
         # Logged once, by the worker as it stops (kafka.authorization_failed or
         # kafka.commit_failed); /health fails from now on.

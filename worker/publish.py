@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from kembed_shared.ports import Record
 from schemas import (
     EmbedRequest,
     EmbedResult,
@@ -22,17 +21,9 @@ from schemas import (
     encode_result,
 )
 from schemas.encodings import INT8_NORMALIZED_SCALE
-from schemas.headers import (
-    CORRELATION_ID,
-    DLQ_ERROR_CODE,
-    DLQ_ERROR_MESSAGE,
-    DLQ_OFFSET,
-    DLQ_PARTITION,
-    DLQ_TOPIC,
-)
+from schemas.headers import CORRELATION_ID
 
 __all__ = [
-    "dead_letter_headers",
     "encode_error",
     "encode_rows",
     "encode_vectors",
@@ -141,15 +132,3 @@ def encode_error(
 
 def result_headers(request_id: str) -> list[tuple[str, bytes]]:
     return [(CORRELATION_ID, request_id.encode("utf-8"))]
-
-
-def dead_letter_headers(record: Record, code: str, message: str) -> list[tuple[str, bytes]]:
-    """The original headers plus where the message came from and why it is here."""
-    return [
-        *record.headers,
-        (DLQ_TOPIC, record.topic.encode()),
-        (DLQ_PARTITION, str(record.partition).encode()),
-        (DLQ_OFFSET, str(record.offset).encode()),
-        (DLQ_ERROR_CODE, code.encode()),
-        (DLQ_ERROR_MESSAGE, message.encode("utf-8", "replace")),
-    ]

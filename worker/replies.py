@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import structlog
 
 from kembed_shared.ports import Publisher, PublishError, Record
-from worker.publish import dead_letter_headers, result_headers
+from schemas.headers import dead_letter_headers
+from worker.publish import result_headers
 
 __all__ = ["Replier", "ReplyTo", "retry_transient"]
 

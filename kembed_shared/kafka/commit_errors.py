@@ -52,12 +52,20 @@ missing ACL found at start-up: one error event, exit status 1).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from aiokafka import errors as kafka_errors
+from structlog.typing import FilteringBoundLogger
 
-from kembed_shared.ports import KafkaAccessError
+from kembed_shared.ports import KafkaAccessError, TopicPartition
 
-__all__ = ["CommitFailures", "FatalCommitError", "commit_error_hint", "commit_error_is_fatal"]
+__all__ = [
+    "CommitFailures",
+    "FatalCommitError",
+    "commit_error_hint",
+    "commit_error_is_fatal",
+    "log_commit_retried",
+]
 
 _REBALANCE: tuple[type[BaseException], ...] = (
     kafka_errors.CommitFailedError,
@@ -115,6 +123,20 @@ def commit_error_hint(exc: BaseException) -> str:
     if not commit_error_is_fatal(exc):
         return f"{name}: a passing failure; the commit is tried again"
     return f"{name}: the commit failed, and retrying will not help"
+
+
+def log_commit_retried(
+    log: FilteringBoundLogger, exc: BaseException, partitions: Iterable[TopicPartition]
+) -> None:
+    """Say (``commit.failed``, a warning) that a commit failed in a way a later commit can
+    cure: its type, :func:`commit_error_hint`, and the partitions whose offsets stay
+    pending."""
+    log.warning(
+        "commit.failed",
+        error=type(exc).__name__,
+        reason=commit_error_hint(exc),
+        partitions=sorted(f"{topic}-{partition}" for topic, partition in partitions),
+    )
 
 
 class FatalCommitError(KafkaAccessError):

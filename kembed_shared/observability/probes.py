@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 from kembed_shared.observability.http import Response
 
-__all__ = ["PipelineView", "Probes"]
+__all__ = ["JSON", "PipelineView", "Probes", "json_body"]
 
-_JSON = "application/json"
+JSON = "application/json"
 
 
 class PipelineView(Protocol):
@@ -92,12 +92,13 @@ class Probes:
 
     def health_response(self) -> Response:
         ok, body = self.live()
-        return (200 if ok else 503), _JSON, _dump(body)
+        return (200 if ok else 503), JSON, json_body(body)
 
     def ready_response(self) -> Response:
         ok, body = self.ready()
-        return (200 if ok else 503), _JSON, _dump(body)
+        return (200 if ok else 503), JSON, json_body(body)
 
 
-def _dump(body: dict[str, Any]) -> bytes:
+def json_body(body: dict[str, Any]) -> bytes:
+    """``body`` as one line of JSON."""
     return (json.dumps(body) + "\n").encode()

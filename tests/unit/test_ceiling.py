@@ -13,9 +13,9 @@ import pytest
 
 from loadtest.ceiling import cpu_seconds, find_pyspy, summarize_profile
 from loadtest.ceiling_worker import FixedEncoder
-from worker.app import tuning_options
 from worker.encoder import ModelInfo
 from worker.settings import WorkerSettings
+from worker.tuning import tuning_options
 
 
 def _encoder(pad_id: int = 0) -> FixedEncoder:

@@ -36,9 +36,9 @@ from schemas.headers import (
     DLQ_OFFSET,
     DLQ_PARTITION,
     DLQ_TOPIC,
+    dead_letter_headers,
 )
 from worker.publish import (
-    dead_letter_headers,
     encode_error,
     encode_rows,
     encode_vectors,
