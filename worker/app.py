@@ -17,7 +17,7 @@ from typing import Any, TypeAlias
 
 import structlog
 
-from kembed_shared.kafka.catalog import MODEL_FIELDS, start_announcer
+from kembed_shared.kafka.catalog import start_announcer
 from kembed_shared.kafka.publisher import (
     DEFAULT_BATCH_BYTES,
     KafkaPublisher,
@@ -481,8 +481,7 @@ async def _load_and_run(
     probes.pipeline = pipeline
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _stop, pipeline, probes, sig)
-    cards = [{key: model[key] for key in MODEL_FIELDS} for model in info["models"]]
-    announcer = await start_announcer(settings, cards, security)
+    announcer = await start_announcer(settings, [m.description for m in models], security)
     tuner: _Tuner | None = None
     try:
         await source.start(pipeline.on_revoked, pipeline.on_assigned)
@@ -584,24 +583,13 @@ def run_quality_gate(settings: WorkerSettings) -> QualityReport:
 
 
 def model_info(model: ServedModel) -> dict[str, Any]:
-    """A served model as /info (and the model catalog) describe it."""
+    """A served model as /info describes it: its description (what the model catalog
+    says of it) and what only this worker knows."""
     info: ModelInfo = model.encoder.info
-    return {
-        "name": model.name,
-        "aliases": sorted(model.aliases),
-        "dim": info.dim,
-        "dtype": info.dtype,
-        "device": info.device,
+    return model.description.as_json() | {
         "compiled": info.compiled,
-        "quantization": info.quantization,
         "memory_bytes": info.memory_bytes,
-        "max_seq_length": info.max_seq_length,
-        "pooling": info.pooling,
         "truncation_direction": model.tokenizer.direction,
-        "prompts": dict(model.prompts),
-        "default_prompt_name": model.default_prompt_name,
-        "requests_topic": model.requests_topic or None,
-        "bulk_topic": model.bulk_topic or None,
     }
 
 
