@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -30,6 +29,7 @@ from producer_sdk.config import ClientConfig
 from schemas import decode_request
 from schemas.catalog import ModelDescription, decode_card
 from scripts.kafka_local import CATALOG_TOPIC_CONFIG, LocalKafka, TopicSpec
+from tests.catalog_models import described
 from tests.conftest import ROOT
 from tests.integration.kafka_io import read_all
 from worker.settings import WorkerSettings
@@ -38,22 +38,8 @@ pytestmark = pytest.mark.integration
 
 
 def served(name: str, requests_topic: str, **fields: Any) -> ModelDescription:
-    """A model as the worker describes it to its announcer."""
-    model = ModelDescription(
-        name=name,
-        aliases=(),
-        dim=384,
-        max_seq_length=256,
-        pooling="mean",
-        dtype="float32",
-        quantization="none",
-        device="cpu",
-        prompts={},
-        default_prompt_name=None,
-        requests_topic=requests_topic,
-        bulk_topic=None,
-    )
-    return replace(model, **fields)
+    """A model as the worker describes it to its announcer (no bulk lane unless given)."""
+    return described(name, **({"requests_topic": requests_topic, "bulk_topic": None} | fields))
 
 
 def new_catalog(kafka: LocalKafka) -> str:

@@ -15,25 +15,14 @@ from kembed_cli.commands.models import models_json, render_models
 from kembed_shared.kafka.catalog import Announcer, instance_id
 from producer_sdk.catalog import CatalogModel, ModelRouter, live_cards, merge_cards, resolve
 from schemas.catalog import ModelCard, ModelDescription, decode_card, encode_card
+from tests.catalog_models import described
 
 NOW = 1_764_000_000_000
 INTERVAL = 30_000
 
 
 def card(name: str, instance: str, *, age_ms: int = 0, **fields: Any) -> ModelCard:
-    base = ModelCard(
-        name=name,
-        aliases=(),
-        dim=384,
-        max_seq_length=256,
-        pooling="mean",
-        dtype="float32",
-        quantization="none",
-        device="cpu",
-        prompts={},
-        default_prompt_name=None,
-        requests_topic="embed.requests",
-        bulk_topic="embed.requests.bulk",
+    base = described(name).card(
         group_id="kembed-workers",
         instance=instance,
         announced_ms=NOW - age_ms,
@@ -213,21 +202,9 @@ class RecordingProducer:
 
 
 def served(name: str, **fields: Any) -> ModelDescription:
-    model = ModelDescription(
-        name=name,
-        aliases=("alias-" + name,),
-        dim=384,
-        max_seq_length=256,
-        pooling="mean",
-        dtype="float32",
-        quantization="none",
-        device="cpu",
-        prompts={"query": "query: "},
-        default_prompt_name=None,
-        requests_topic="embed.requests",
-        bulk_topic="embed.requests.bulk",
-    )
-    return replace(model, **fields)
+    """A model with an alias and a prompt, for the announcer to carry into its cards."""
+    extras: dict[str, Any] = {"aliases": ("alias-" + name,), "prompts": {"query": "query: "}}
+    return described(name, **(extras | fields))
 
 
 async def test_announcer_writes_one_card_per_model_then_tombstones() -> None:
@@ -259,9 +236,7 @@ async def test_announcer_writes_one_card_per_model_then_tombstones() -> None:
     )
     assert (a.group_id, a.instance, a.announced_ms) == ("g", "w-1", NOW)
     assert b.bulk_topic is None
-    assert replace(b, instance="", announced_ms=0, interval_ms=0).description_fields() == (
-        served("b", bulk_topic=None).description_fields()
-    )  # the card says what the worker described
+    assert b.description_fields() == served("b", bulk_topic=None).description_fields()
     tombstones = [key for _, value, key in producer.sent if value is None]
     assert producer.sent[-2:] == [("embed.models", None, k) for k in tombstones]
     assert sorted(k or b"" for k in tombstones) == [b"g/w-1/a", b"g/w-1/b"]
@@ -329,6 +304,11 @@ def test_models_table_and_json() -> None:
         "minilm", "mini,", "small", "384", "mean", "float32", "none", "2", "embed.requests",
     ]  # fmt: skip
     as_json = models_json(models)
+    assert list(as_json[1]) == [
+        "name", "aliases", "dim", "max_seq_length", "pooling", "dtype", "quantization",
+        "device", "prompts", "default_prompt_name", "requests_topic", "bulk_topic", "group_id",
+        "topics", "workers", "instances", "announced_ms", "interval_ms",
+    ]  # fmt: skip
     assert as_json[1]["instances"] == ["w1", "w2"]
     assert as_json[1]["workers"] == 2
     assert as_json[1]["aliases"] == ["mini", "small"]
