@@ -27,7 +27,7 @@ from producer_sdk.config import ClientConfig
 from producer_sdk.errors import AuthorizationError, CatalogUnavailableError
 from producer_sdk.security import client_options, diagnose_login, principal_of
 from schemas import SchemaError
-from schemas.catalog import ModelCard, decode_card
+from schemas.catalog import ModelCard, ModelDescription, decode_card
 
 __all__ = [
     "CatalogModel",
@@ -45,23 +45,11 @@ Lane = Literal["interactive", "bulk"]
 
 
 @dataclass(frozen=True, slots=True)
-class CatalogModel:
-    """One served model, merged over the workers that announce it."""
+class CatalogModel(ModelDescription):
+    """One served model, merged over the workers that announce it: the description of the
+    request topic most of its workers read (``requests_topic``; see :func:`merge_cards`),
+    with every alias any of its workers accepts, and these facts of its fleet."""
 
-    name: str
-    aliases: tuple[str, ...]
-    """Every alias any of its workers accepts."""
-    dim: int
-    max_seq_length: int
-    pooling: str
-    dtype: str
-    quantization: str
-    device: str
-    prompts: Mapping[str, str]
-    default_prompt_name: str | None
-    requests_topic: str
-    """Where requests for it go: the topic most of its workers read."""
-    bulk_topic: str | None
     group_id: str
     topics: tuple[str, ...]
     """Every request topic (either lane) a live worker of this model reads, sorted."""
@@ -118,18 +106,7 @@ def merge_cards(cards: Iterable[ModelCard], now_ms: int) -> list[CatalogModel]:
         topics.update(card.bulk_topic for card in group if card.bulk_topic)
         models.append(
             CatalogModel(
-                name=name,
-                aliases=tuple(aliases),
-                dim=chosen.dim,
-                max_seq_length=chosen.max_seq_length,
-                pooling=chosen.pooling,
-                dtype=chosen.dtype,
-                quantization=chosen.quantization,
-                device=chosen.device,
-                prompts=dict(chosen.prompts),
-                default_prompt_name=chosen.default_prompt_name,
-                requests_topic=chosen.requests_topic,
-                bulk_topic=chosen.bulk_topic,
+                **(chosen.description_fields() | {"aliases": tuple(aliases)}),
                 group_id=chosen.group_id,
                 topics=tuple(sorted(topics)),
                 workers=len(instances),

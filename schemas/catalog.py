@@ -15,7 +15,7 @@ card.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, NoReturn, TypeVar
 
 import msgpack
@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_CATALOG_TOPIC",
     "STALE_AFTER_INTERVALS",
     "ModelCard",
+    "ModelDescription",
     "catalog_key",
     "decode_card",
     "encode_card",
@@ -42,8 +43,14 @@ _T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
-class ModelCard:
-    """One model as one worker instance serves it."""
+class ModelDescription:
+    """One served model as clients see it: the properties a worker states of each model.
+
+    The one description of a model: the worker builds it from what it loaded, hands it to
+    its announcer, which adds its own identity and timing to make the :class:`ModelCard`,
+    and shows it (with facts of its own) in ``/info``; a client's catalog entry
+    (``producer_sdk.CatalogModel``) is it merged over the workers that serve the model.
+    """
 
     name: str
     aliases: tuple[str, ...]
@@ -57,6 +64,37 @@ class ModelCard:
     default_prompt_name: str | None
     requests_topic: str
     bulk_topic: str | None
+
+    def description_fields(self) -> dict[str, Any]:
+        """The fields of the description by name, in order (those a subclass adds left out):
+        what a :class:`ModelCard` or a catalog entry is built from."""
+        return {field.name: getattr(self, field.name) for field in fields(ModelDescription)}
+
+    def as_json(self) -> dict[str, Any]:
+        """The description as a JSON object (arrays as lists, maps as dicts)."""
+        return self.description_fields() | {
+            "aliases": list(self.aliases),
+            "prompts": dict(self.prompts),
+        }
+
+    def card(
+        self, *, group_id: str, instance: str, announced_ms: int, interval_ms: int
+    ) -> ModelCard:
+        """The card a worker instance writes for this model."""
+        return ModelCard(
+            **self.description_fields(),
+            group_id=group_id,
+            instance=instance,
+            announced_ms=announced_ms,
+            interval_ms=interval_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCard(ModelDescription):
+    """One model as one worker instance serves it: its description, and which worker
+    announced it when."""
+
     group_id: str
     instance: str
     announced_ms: int

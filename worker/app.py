@@ -13,7 +13,7 @@ from typing import Any, TypeAlias
 
 import structlog
 
-from kembed_shared.kafka.catalog import MODEL_FIELDS, start_announcer
+from kembed_shared.kafka.catalog import start_announcer
 from kembed_shared.kafka.publisher import (
     DEFAULT_BATCH_BYTES,
     KafkaPublisher,
@@ -305,8 +305,7 @@ async def _load_and_run(
         metrics=metrics,
     )
     stop_on_signals(pipeline, probes, log, "worker")
-    cards = [{key: model[key] for key in MODEL_FIELDS} for model in info["models"]]
-    announcer = await start_announcer(settings, cards, security)
+    announcer = await start_announcer(settings, [m.description for m in models], security)
     tuner: Tuner | None = None
     try:
         await source.start(pipeline.on_revoked, pipeline.on_assigned)
@@ -408,24 +407,13 @@ def run_quality_gate(settings: WorkerSettings) -> QualityReport:
 
 
 def model_info(model: ServedModel) -> dict[str, Any]:
-    """A served model as /info (and the model catalog) describe it."""
+    """A served model as /info describes it: its description (what the model catalog
+    says of it) and what only this worker knows."""
     info: ModelInfo = model.encoder.info
-    return {
-        "name": model.name,
-        "aliases": sorted(model.aliases),
-        "dim": info.dim,
-        "dtype": info.dtype,
-        "device": info.device,
+    return model.description.as_json() | {
         "compiled": info.compiled,
-        "quantization": info.quantization,
         "memory_bytes": info.memory_bytes,
-        "max_seq_length": info.max_seq_length,
-        "pooling": info.pooling,
         "truncation_direction": model.tokenizer.direction,
-        "prompts": dict(model.prompts),
-        "default_prompt_name": model.default_prompt_name,
-        "requests_topic": model.requests_topic or None,
-        "bulk_topic": model.bulk_topic or None,
     }
 
 

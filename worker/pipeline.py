@@ -36,6 +36,7 @@ import structlog
 
 from kembed_shared.ports import Publisher, Record, Source, TopicPartition, TransactionalPublisher
 from schemas import EmbedRequest, ErrorCode, ErrorInfo
+from schemas.catalog import ModelDescription
 from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler, TokenBudget
 from worker.decode import Accepted, Limits, ModelLimits, Rejected, decode_record
 from worker.delivery import make_delivery
@@ -82,6 +83,26 @@ class ServedModel:
     @property
     def topics(self) -> tuple[str, ...]:
         return tuple(topic for topic in (self.requests_topic, self.bulk_topic) if topic)
+
+    @property
+    def description(self) -> ModelDescription:
+        """The model as clients see it (its catalog card, the model section of ``/info``),
+        as its encoder runs now."""
+        info = self.encoder.info
+        return ModelDescription(
+            name=self.name,
+            aliases=tuple(sorted(self.aliases)),
+            dim=info.dim,
+            max_seq_length=info.max_seq_length,
+            pooling=info.pooling,
+            dtype=info.dtype,
+            quantization=info.quantization or "none",
+            device=info.device,
+            prompts=dict(self.prompts),
+            default_prompt_name=self.default_prompt_name or None,
+            requests_topic=self.requests_topic,
+            bulk_topic=self.bulk_topic or None,
+        )
 
     def prompt_for(self, request: EmbedRequest) -> str:
         """The text put before each input: the request's prompt, its named prompt, or the

@@ -26,10 +26,10 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from schemas.catalog import ModelCard, encode_card
+from schemas import SchemaError
+from schemas.catalog import ModelCard, ModelDescription, decode_card, encode_card
 
 __all__ = [
-    "MODEL_FIELDS",
     "Announcer",
     "AnnouncerSettings",
     "CardProducer",
@@ -38,22 +38,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger("kembed.catalog")
-
-MODEL_FIELDS = (
-    "name",
-    "aliases",
-    "dim",
-    "max_seq_length",
-    "pooling",
-    "dtype",
-    "quantization",
-    "device",
-    "prompts",
-    "default_prompt_name",
-    "requests_topic",
-    "bulk_topic",
-)
-"""The keys of each model dict the worker hands to the announcer (and shows in /info)."""
 
 # Bounds on one round of writes, so that announcing never holds up a start or a shutdown.
 _SEND_TIMEOUT_S = 10.0
@@ -91,8 +75,8 @@ def instance_id(client_id: str) -> str:
 class Announcer:
     """Keeps one worker instance's model cards on the catalog topic.
 
-    ``models``: one dict per served model with exactly the keys of :data:`MODEL_FIELDS`.
-    Raises ValueError if a dict has other keys or a value a card cannot hold.
+    ``models``: the description of each served model. Raises ValueError for one that no
+    valid card can carry (readers would drop it as malformed).
     """
 
     def __init__(
@@ -103,7 +87,7 @@ class Announcer:
         group_id: str,
         instance: str,
         interval_s: float,
-        models: Sequence[Mapping[str, Any]],
+        models: Sequence[ModelDescription],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._producer = producer
@@ -112,8 +96,9 @@ class Announcer:
         self._clock = clock
         self._group_id = group_id
         self._instance = instance
-        self._models = [_checked(model) for model in models]
-        self._cards(0)  # a model a card cannot describe fails here, not in the loop
+        self._models = tuple(models)
+        for card in self._cards(0):  # a model a card cannot describe fails here, not later
+            _check(card)
         self._task: asyncio.Task[None] | None = None
         self.rounds = 0
         """Rounds of cards the broker acknowledged."""
@@ -178,42 +163,23 @@ class Announcer:
             await self.announce()
 
     def _cards(self, now_ms: int) -> list[ModelCard]:
-        try:
-            return [
-                ModelCard(
-                    name=str(model["name"]),
-                    aliases=tuple(str(alias) for alias in model["aliases"] or ()),
-                    dim=int(model["dim"]),
-                    max_seq_length=int(model["max_seq_length"]),
-                    pooling=str(model["pooling"]),
-                    dtype=str(model["dtype"]),
-                    quantization=str(model["quantization"] or "none"),
-                    device=str(model["device"]),
-                    prompts={str(k): str(v) for k, v in (model["prompts"] or {}).items()},
-                    default_prompt_name=_optional_str(model["default_prompt_name"]),
-                    requests_topic=str(model["requests_topic"]),
-                    bulk_topic=_optional_str(model["bulk_topic"]),
-                    group_id=self._group_id,
-                    instance=self._instance,
-                    announced_ms=now_ms,
-                    interval_ms=max(1, round(self._interval_s * 1000)),
-                )
-                for model in self._models
-            ]
-        except (TypeError, AttributeError) as exc:
-            raise ValueError(f"a served model cannot be described as a card: {exc}") from None
+        interval_ms = max(1, round(self._interval_s * 1000))
+        return [
+            model.card(
+                group_id=self._group_id,
+                instance=self._instance,
+                announced_ms=now_ms,
+                interval_ms=interval_ms,
+            )
+            for model in self._models
+        ]
 
 
-def _checked(model: Mapping[str, Any]) -> Mapping[str, Any]:
-    if set(model) != set(MODEL_FIELDS):
-        missing = sorted(set(MODEL_FIELDS) - set(model))
-        unknown = sorted(set(model) - set(MODEL_FIELDS))
-        raise ValueError(f"model dict: missing keys {missing}, unknown keys {unknown}")
-    return model
-
-
-def _optional_str(value: object) -> str | None:
-    return None if value is None or value == "" else str(value)
+def _check(card: ModelCard) -> None:
+    try:
+        decode_card(encode_card(card))
+    except SchemaError as exc:
+        raise ValueError(f"model {card.name!r} cannot be announced: {exc.message}") from None
 
 
 def _describe(exc: BaseException) -> str:
@@ -224,10 +190,10 @@ def _describe(exc: BaseException) -> str:
 
 async def start_announcer(
     settings: AnnouncerSettings,
-    models: Sequence[Mapping[str, Any]],
+    models: Sequence[ModelDescription],
     security: Mapping[str, Any] | None = None,
 ) -> Announcer | None:
-    """Start announcing ``models`` (dicts with the keys of :data:`MODEL_FIELDS`) for this
+    """Start announcing ``models`` (the descriptions of the models it serves) for this
     worker, or return None when ``settings.catalog_topic`` is empty or announcing cannot
     start (logged as a warning: the worker serves anyway). ``security``: aiokafka options
     (``kembed_shared.kafka.security.client_options``). Call ``stop()`` on the result when the

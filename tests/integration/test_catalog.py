@@ -27,8 +27,9 @@ from producer_sdk import CatalogModel, EmbedClient, EmbedTimeoutError
 from producer_sdk.catalog import read_catalog
 from producer_sdk.config import ClientConfig
 from schemas import decode_request
-from schemas.catalog import decode_card
+from schemas.catalog import ModelDescription, decode_card
 from scripts.kafka_local import CATALOG_TOPIC_CONFIG, LocalKafka, TopicSpec
+from tests.catalog_models import described
 from tests.conftest import ROOT
 from tests.integration.kafka_io import read_all
 from worker.settings import WorkerSettings
@@ -36,23 +37,9 @@ from worker.settings import WorkerSettings
 pytestmark = pytest.mark.integration
 
 
-def served(name: str, requests_topic: str, **fields: Any) -> dict[str, Any]:
-    """A model dict as the worker builds it for its announcer and /info."""
-    model: dict[str, Any] = {
-        "name": name,
-        "aliases": [],
-        "dim": 384,
-        "max_seq_length": 256,
-        "pooling": "mean",
-        "dtype": "float32",
-        "quantization": "none",
-        "device": "cpu",
-        "prompts": {},
-        "default_prompt_name": None,
-        "requests_topic": requests_topic,
-        "bulk_topic": None,
-    }
-    return model | fields
+def served(name: str, requests_topic: str, **fields: Any) -> ModelDescription:
+    """A model as the worker describes it to its announcer (no bulk lane unless given)."""
+    return described(name, **({"requests_topic": requests_topic, "bulk_topic": None} | fields))
 
 
 def new_catalog(kafka: LocalKafka) -> str:
@@ -90,14 +77,14 @@ async def test_two_workers_are_listed_merged_and_withdrawn_on_stop(kafka: LocalK
     a = await start_announcer(
         worker_settings(kafka, catalog, group_id="fleet", client_id="worker-a"),
         [
-            served("minilm", "embed.requests", aliases=["mini"]),
+            served("minilm", "embed.requests", aliases=("mini",)),
             served("only-a", "embed.requests", dim=128, pooling="cls", quantization="int8"),
         ],
     )
     b = await start_announcer(
         worker_settings(kafka, catalog, group_id="fleet-e5", client_id="worker-b"),
         [
-            served("minilm", "embed.requests", aliases=["mini"]),
+            served("minilm", "embed.requests", aliases=("mini",)),
             served("e5", "requests.e5", dim=1024, dtype="float16", bulk_topic="bulk.e5"),
         ],
     )
@@ -196,7 +183,7 @@ async def test_requests_are_routed_to_the_catalogs_topic(kafka: LocalKafka) -> N
     kafka.create_topics([TopicSpec(routed, 2), TopicSpec(pinned, 1), TopicSpec(default, 1)])
     announcer = await start_announcer(
         worker_settings(kafka, catalog, client_id="router-test"),
-        [served("big-model", routed, aliases=["big"])],
+        [served("big-model", routed, aliases=("big",))],
     )
     assert announcer is not None
     try:
@@ -267,7 +254,7 @@ async def test_kembed_models_lists_the_live_models(kafka: LocalKafka) -> None:
     assert f"no live models on {catalog}" in empty.stdout
     announcer = await start_announcer(
         worker_settings(kafka, catalog),
-        [served("minilm", "embed.requests", aliases=["mini", "small"], quantization="nf4")],
+        [served("minilm", "embed.requests", aliases=("mini", "small"), quantization="nf4")],
     )
     assert announcer is not None
     try:

@@ -12,28 +12,17 @@ from typing import Any
 import pytest
 
 from kembed_cli.commands.models import models_json, render_models
-from kembed_shared.kafka.catalog import MODEL_FIELDS, Announcer, instance_id
+from kembed_shared.kafka.catalog import Announcer, instance_id
 from producer_sdk.catalog import CatalogModel, ModelRouter, live_cards, merge_cards, resolve
-from schemas.catalog import ModelCard, decode_card
+from schemas.catalog import ModelCard, ModelDescription, decode_card, encode_card
+from tests.catalog_models import described
 
 NOW = 1_764_000_000_000
 INTERVAL = 30_000
 
 
 def card(name: str, instance: str, *, age_ms: int = 0, **fields: Any) -> ModelCard:
-    base = ModelCard(
-        name=name,
-        aliases=(),
-        dim=384,
-        max_seq_length=256,
-        pooling="mean",
-        dtype="float32",
-        quantization="none",
-        device="cpu",
-        prompts={},
-        default_prompt_name=None,
-        requests_topic="embed.requests",
-        bulk_topic="embed.requests.bulk",
+    base = described(name).card(
         group_id="kembed-workers",
         instance=instance,
         announced_ms=NOW - age_ms,
@@ -212,22 +201,10 @@ class RecordingProducer:
         self.sent.append((topic, value, key))
 
 
-def served(name: str, **fields: Any) -> dict[str, Any]:
-    model: dict[str, Any] = {
-        "name": name,
-        "aliases": ["alias-" + name],
-        "dim": 384,
-        "max_seq_length": 256,
-        "pooling": "mean",
-        "dtype": "float32",
-        "quantization": "none",
-        "device": "cpu",
-        "prompts": {"query": "query: "},
-        "default_prompt_name": None,
-        "requests_topic": "embed.requests",
-        "bulk_topic": "embed.requests.bulk",
-    }
-    return model | fields
+def served(name: str, **fields: Any) -> ModelDescription:
+    """A model with an alias and a prompt, for the announcer to carry into its cards."""
+    extras: dict[str, Any] = {"aliases": ("alias-" + name,), "prompts": {"query": "query: "}}
+    return described(name, **(extras | fields))
 
 
 async def test_announcer_writes_one_card_per_model_then_tombstones() -> None:
@@ -238,7 +215,7 @@ async def test_announcer_writes_one_card_per_model_then_tombstones() -> None:
         group_id="g",
         instance="w-1",
         interval_s=0.05,
-        models=[served("a"), served("b", bulk_topic="")],
+        models=[served("a"), served("b", bulk_topic=None)],
         clock=lambda: NOW / 1000,
     )
     await announcer.start()
@@ -258,7 +235,8 @@ async def test_announcer_writes_one_card_per_model_then_tombstones() -> None:
         50,
     )
     assert (a.group_id, a.instance, a.announced_ms) == ("g", "w-1", NOW)
-    assert b.bulk_topic is None  # an empty bulk topic is no bulk lane
+    assert b.bulk_topic is None
+    assert b.description_fields() == served("b", bulk_topic=None).description_fields()
     tombstones = [key for _, value, key in producer.sent if value is None]
     assert producer.sent[-2:] == [("embed.models", None, k) for k in tombstones]
     assert sorted(k or b"" for k in tombstones) == [b"g/w-1/a", b"g/w-1/b"]
@@ -279,14 +257,23 @@ async def test_announcer_failures_are_logged_not_raised() -> None:
     await announcer.stop()  # does not raise either
 
 
-def test_announcer_refuses_model_dicts_with_other_keys() -> None:
-    assert set(served("a")) == set(MODEL_FIELDS)
-    for bad in ({k: v for k, v in served("a").items() if k != "dim"}, served("a", extra=1)):
-        with pytest.raises(ValueError, match="keys"):
+def test_announcer_refuses_a_model_no_valid_card_can_carry() -> None:
+    for bad in (served("a", requests_topic="no spaces"), served("a", dim=0), served("")):
+        with pytest.raises(ValueError, match="cannot be announced"):
             Announcer(
                 RecordingProducer(), topic="t", group_id="g", instance="i", interval_s=1,
                 models=[bad],
             )  # fmt: skip
+
+
+def test_a_card_is_its_description_and_its_worker() -> None:
+    model = served("a", bulk_topic=None, default_prompt_name="query")
+    card = model.card(group_id="g", instance="w-1", announced_ms=NOW, interval_ms=INTERVAL)
+    assert decode_card(encode_card(card)) == card
+    assert card.description_fields() == model.description_fields()
+    assert (card.group_id, card.instance, card.announced_ms) == ("g", "w-1", NOW)
+    assert model.as_json()["aliases"] == ["alias-a"]  # JSON-ready
+    assert model.as_json().keys() == model.description_fields().keys()
 
 
 def test_instance_ids_are_unique_per_start() -> None:
@@ -317,6 +304,11 @@ def test_models_table_and_json() -> None:
         "minilm", "mini,", "small", "384", "mean", "float32", "none", "2", "embed.requests",
     ]  # fmt: skip
     as_json = models_json(models)
+    assert list(as_json[1]) == [
+        "name", "aliases", "dim", "max_seq_length", "pooling", "dtype", "quantization",
+        "device", "prompts", "default_prompt_name", "requests_topic", "bulk_topic", "group_id",
+        "topics", "workers", "instances", "announced_ms", "interval_ms",
+    ]  # fmt: skip
     assert as_json[1]["instances"] == ["w1", "w2"]
     assert as_json[1]["workers"] == 2
     assert as_json[1]["aliases"] == ["mini", "small"]

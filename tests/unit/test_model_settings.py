@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,6 +13,8 @@ from pydantic import ValidationError
 
 from kembed_cli.commands.status import _request_topics
 from schemas import EmbedRequest
+from schemas.catalog import ModelDescription
+from worker.encoder import ModelInfo
 from worker.encoder.models import read_prompts, resolve_model_dir
 from worker.pipeline import ServedModel
 from worker.settings import ModelSpec, WorkerSettings
@@ -84,6 +88,32 @@ def test_prompt_precedence() -> None:
     assert model.prompt_for(EmbedRequest(id="r", inputs=("x",), prompt_name="query")) == "query: "
     assert model.prompt_for(EmbedRequest(id="r", inputs=("x",), prompt="Q: ")) == "Q: "
     assert plain.prompt_for(request) == ""
+
+
+def test_a_served_model_describes_itself_as_its_encoder_runs() -> None:
+    """What the catalog card and /info say of a model: no bulk topic and no default prompt
+    are absent (not empty), aliases sorted, precision as the encoder runs now."""
+    info = ModelInfo(name="m", path=Path("m"), dim=8, max_seq_length=16, pooling="cls",
+                     dtype="float32", device="cpu")  # fmt: skip
+    encoder = SimpleNamespace(info=info)
+    model = ServedModel(
+        name="m",
+        encoder=encoder,  # only its info is read
+        tokenizer=None,  # type: ignore[arg-type]
+        aliases=frozenset({"z", "a"}),
+        prompts={"query": "q: "},
+        default_prompt_name="",
+        requests_topic="embed.requests",
+        bulk_topic="",
+    )
+    described = model.description
+    assert described == ModelDescription(
+        name="m", aliases=("a", "z"), dim=8, max_seq_length=16, pooling="cls",
+        dtype="float32", quantization="none", device="cpu", prompts={"query": "q: "},
+        default_prompt_name=None, requests_topic="embed.requests", bulk_topic=None,
+    )  # fmt: skip
+    encoder.info = replace(info, dtype="float16")  # the tuner switched precision
+    assert model.description.dtype == "float16"
 
 
 def test_prompts_come_from_the_sentence_transformers_config(tmp_path: Path) -> None:
