@@ -39,6 +39,7 @@ from loadtest.data import stsb_sentences
 from producer_sdk import EmbedClient
 from scripts.kafka_local import LocalKafka
 from tests.conftest import ROOT, WorkerProcess
+from tests.integration.test_sync_client import cosines
 
 pytestmark = pytest.mark.integration
 
@@ -234,15 +235,6 @@ def test_a_command_whose_extra_is_missing_exits_2_naming_it(
     assert len(lines) == 1, result.stderr
     assert f"kembed[{extra}]" in lines[0]
     assert f"pip install 'kembed[{extra}]'" in lines[0]
-
-
-def cosines(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    dots = np.sum(a64 * b64, axis=1)
-    result: npt.NDArray[np.float64] = dots / (
-        np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1)
-    )
-    return result
 
 
 def test_kembed_embed_and_the_sync_client_from_the_base_install_get_the_workers_vectors(
