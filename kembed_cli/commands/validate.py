@@ -46,7 +46,11 @@ def run(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     local_models_only()
+    from kembed_shared.observability.logging import configure_logging
     from worker.quality import GateThresholds, gate_pairs_path, load_pairs, validate
+
+    # Log events (the tuner's, the model's) go to stderr: stdout holds the report alone.
+    configure_logging(settings.log_level, settings.log_format)
 
     thresholds = GateThresholds(
         settings.quality_max_spearman_drop

@@ -121,7 +121,7 @@ def test_validate_reads_the_pairs_shipped_with_the_package(tmp_path: Path) -> No
     ../shared, no KEMBED_STSB_DIR, run from an empty folder) reads the STS-B pairs shipped in
     worker/data; KEMBED_STSB_DIR still replaces them."""
     site = tmp_path / "site"
-    for package in ("schemas", "worker", "producer_sdk", "sink"):
+    for package in ("schemas", "kembed_shared", "worker", "producer_sdk", "sink", "kembed_cli"):
         shutil.copytree(ROOT / package, site / package, ignore=shutil.ignore_patterns("__py*"))
     assert not (site.parent / "shared").exists()
     run_in = tmp_path / "cwd"
@@ -138,8 +138,23 @@ def test_validate_reads_the_pairs_shipped_with_the_package(tmp_path: Path) -> No
             env={**env, "PYTHONPATH": str(site), "KEMBED_DTYPE": "float32", **extra},
         )
         assert done.returncode == 0, done.stderr[-3000:]
-        report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        # The report alone on stdout (the tuner's log events go to stderr).
+        report: dict[str, Any] = json.loads(done.stdout)
         return report
+
+    where = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import kembed_cli, worker; print(kembed_cli.__file__, worker.__file__)",
+        ],
+        cwd=run_in,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**env, "PYTHONPATH": str(site)},
+    ).stdout.split()
+    assert [Path(path).parent.parent for path in where] == [site, site]  # the copy, not the clone
 
     report = run()
     assert Path(report["pairs_source"]) == site / "worker" / "data" / "stsb-en-test.csv"

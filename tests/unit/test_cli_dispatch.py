@@ -3,8 +3,12 @@ missing install extra reported in one line with exit status 2."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +72,45 @@ def test_a_client_command_imports_neither_the_worker_nor_a_model_package() -> No
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_validate_json_is_the_report_alone_on_stdout(tmp_path: Path) -> None:
+    """``kembed validate --json``: log events (the tuner's, the model's) go to stderr, so
+    stdout parses as JSON. The measurement is replaced by one that logs an event, as the
+    tuner does, and returns a report."""
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("a,b,1\nc,d,2\n")
+    script = tmp_path / "validate.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import structlog
+            import worker.quality as quality
+
+            def validate(settings, pairs, thresholds):
+                structlog.get_logger("kembed.worker").info("encoder.tuned", chosen="x")
+                return quality.QualityReport(
+                    pairs=len(pairs), reference_spearman=80.0, candidate_spearman=80.0,
+                    mean_cosine=1.0, min_cosine=1.0, thresholds=thresholds, passed=True,
+                    failures=[],
+                )
+
+            quality.validate = validate
+            from kembed_cli.main import main
+            sys.exit(main(["validate", "--json", "--pairs", sys.argv[1]]))
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_")}
+    done = subprocess.run(
+        [sys.executable, str(script), str(pairs)],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["pairs"] == 2
+    assert "encoder.tuned" in done.stderr
