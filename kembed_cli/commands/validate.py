@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kembed_cli.common import add_settings_flags, local_models_only, settings_from, write_json
-from kembed_cli.extras import require
+from kembed_cli.commands.worker import model_settings
+from kembed_cli.common import add_settings_flags, write_json
 from worker.settings import WorkerSettings
 
 __all__ = ["add_parser", "run", "tuning_table"]
@@ -41,16 +41,11 @@ def add_parser(subcommands: Any, name: str, summary: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    require("validate", "worker")
-    settings = settings_from(WorkerSettings, args, "validate")
+    # Log events (the tuner's, the model's) go to stderr: stdout holds the report alone.
+    settings = model_settings(args, "validate")
     if settings is None:
         return 2
-    local_models_only()
-    from kembed_shared.observability.logging import configure_logging
     from worker.quality import GateThresholds, gate_pairs_path, load_pairs, validate
-
-    # Log events (the tuner's, the model's) go to stderr: stdout holds the report alone.
-    configure_logging(settings.log_level, settings.log_format)
 
     thresholds = GateThresholds(
         settings.quality_max_spearman_drop

@@ -10,7 +10,7 @@ from kembed_cli.common import add_settings_flags, local_models_only, settings_fr
 from kembed_cli.extras import require
 from worker.settings import WorkerSettings
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "model_settings", "run"]
 
 
 def add_parser(subcommands: Any, name: str, summary: str) -> None:
@@ -23,18 +23,29 @@ def add_parser(subcommands: Any, name: str, summary: str) -> None:
     add_settings_flags(parser, WorkerSettings)
 
 
+def model_settings(args: argparse.Namespace, command: str) -> WorkerSettings | None:
+    """The settings of a command that loads models (``worker``, ``validate``): the worker
+    extra is installed, the settings are valid (None after saying why they are not), models
+    come from local files only, and log events go to stderr."""
+    require(command, "worker")
+    settings = settings_from(WorkerSettings, args, command)
+    if settings is None:
+        return None
+    local_models_only()
+    from kembed_shared.observability.logging import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
+    return settings
+
+
 def run(args: argparse.Namespace) -> int:
-    require("worker", "worker")
-    settings = settings_from(WorkerSettings, args, "worker")
+    settings = model_settings(args, "worker")
     if settings is None:
         return 2
-    local_models_only()
     from kembed_shared.observability.fatal import ExitCode, install_hooks, log_fatal, secrets_of
-    from kembed_shared.observability.logging import configure_logging
 
     # From here on every way out is one log event (docs/operations.md, "Exit statuses"):
     # no raw traceback, whatever fails, the imports of torch and transformers included.
-    configure_logging(settings.log_level, settings.log_format)
     install_hooks(secrets_of(settings))
     try:
         return _serve(settings)
