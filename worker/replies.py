@@ -15,13 +15,12 @@ it.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
 
+from kembed_shared import backoff
 from kembed_shared.ports import Publisher, PublishError, Record
 from worker.publish import dead_letter_headers, result_headers
 
@@ -158,16 +157,16 @@ async def retry_transient(
     """Run ``attempt`` (a send, or a check of its destination), retrying a retriable
     PublishError with exponential backoff (50 ms to 2 s) for up to ``retry_for_s``; then,
     or at once for a permanent one, the PublishError is raised."""
-    give_up = time.monotonic() + retry_for_s
-    delay = 0.05
-    while True:
-        try:
-            await attempt()
-            return
-        except PublishError as exc:
-            if not exc.retriable or time.monotonic() + delay > give_up:
-                raise
-            log.warning("publish.retrying", topic=topic, reason=exc.reason, delay_s=delay)
-            on_retry()
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 2.0)
+
+    def retrying(exc: PublishError, _retries: int, delay: float) -> None:
+        log.warning("publish.retrying", topic=topic, reason=exc.reason, delay_s=delay)
+        on_retry()
+
+    await backoff.retry(
+        attempt,
+        errors=PublishError,
+        delays=backoff.doubling(0.05, 2.0),
+        retry_for_s=retry_for_s,
+        retriable=lambda exc: exc.retriable,
+        on_retry=retrying,
+    )

@@ -223,10 +223,12 @@ def test_shared_consumer_fields_keep_each_side_its_prefix_and_defaults(
     assert (sink.client_id, worker.client_id) == ("kembed-sink", "kembed-worker")
     assert (sink.http_port, worker.http_port) == (8081, 8080)
     assert (sink.fetch_max_wait_ms, worker.fetch_max_wait_ms) == (500, 20)
+    out_of_range: dict[str, Any] = {"http_port": 70_000}
     with pytest.raises(ValidationError, match="less than or equal to 65535"):
-        SinkSettings(http_port=70_000)
+        SinkSettings(**out_of_range)
+    out_of_range = {"max_poll_interval_ms": 0}
     with pytest.raises(ValidationError, match="greater than 0"):
-        WorkerSettings(max_poll_interval_ms=0)
+        WorkerSettings(**out_of_range)
 
 
 def test_sink_command_has_sink_and_kafka_flags() -> None:
