@@ -24,7 +24,7 @@ from kembed_shared import backoff
 from kembed_shared.ports import Publisher, PublishError, Record
 from worker.publish import dead_letter_headers, result_headers
 
-__all__ = ["Replier", "ReplyTo", "retry_transient"]
+__all__ = ["Replier", "ReplyTo", "answer_failed", "dead_letter_failed", "retry_transient"]
 
 log = structlog.get_logger("kembed.worker")
 
@@ -68,19 +68,8 @@ class Replier:
                 headers=result_headers(reply.id),
             )
         except PublishError as exc:
-            if exc.retriable:  # retries ran out: the broker is gone, so is the DLQ
-                log.error("publish.gave_up", request_id=reply.id, reply_to=topic, reason=exc.reason)
-                self._on_fatal(exc)
+            if not answer_failed(exc, record, reply, topic, self._on_fatal):
                 return False
-            log.warning(
-                "publish.failed",
-                request_id=reply.id,
-                reply_to=topic,
-                reason=exc.reason,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-            )
             return await self.dead_letter(record, "reply_failed", exc.reason)
         return True
 
@@ -100,13 +89,7 @@ class Replier:
                 # The DLQ refuses the original bytes for good (too large for the topic):
                 # record where it was and why, without them, rather than stall the
                 # partition on a message that can never be copied.
-                log.warning(
-                    "dead_letter.value_omitted",
-                    reason=exc.reason,
-                    topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
-                )
+                log.warning("dead_letter.value_omitted", reason=exc.reason, **_where(record))
                 omitted = f"{message} (value of {len(record.value)} bytes omitted: {exc.reason})"
                 await self._send(
                     self._dlq_topic,
@@ -115,15 +98,7 @@ class Replier:
                     headers=dead_letter_headers(record, code, omitted),
                 )
         except PublishError as exc:
-            log.error(
-                "dead_letter.failed",
-                reason=exc.reason,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-            )
-            self._on_fatal(exc)
-            return False
+            return dead_letter_failed(exc, record, self._on_fatal)
         self._on_dead_letter(code)
         return True
 
@@ -145,6 +120,42 @@ class Replier:
             retry_for_s=self._retry_for_s,
             on_retry=self._on_retry,
         )
+
+
+def answer_failed(
+    exc: PublishError,
+    record: Record,
+    reply: ReplyTo,
+    topic: str,
+    on_fatal: Callable[[BaseException], None],
+) -> bool:
+    """An answer to ``reply`` could not go to ``topic`` (its retries spent, see
+    :func:`retry_transient`). A retriable failure means the broker is gone, and so is the
+    dead-letter topic: it is fatal (``on_fatal``) and this returns False. A permanent one
+    (the topic refuses it) is logged and this returns True: dead-letter the request."""
+    if exc.retriable:  # retries ran out: the broker is gone, so is the DLQ
+        log.error("publish.gave_up", request_id=reply.id, reply_to=topic, reason=exc.reason)
+        on_fatal(exc)
+        return False
+    log.warning(
+        "publish.failed", request_id=reply.id, reply_to=topic, reason=exc.reason, **_where(record)
+    )
+    return True
+
+
+def dead_letter_failed(
+    exc: PublishError, record: Record, on_fatal: Callable[[BaseException], None]
+) -> bool:
+    """``record`` could not be dead-lettered: log it, report it as fatal (nothing may be
+    committed past it), and return False (not handled)."""
+    log.error("dead_letter.failed", reason=exc.reason, **_where(record))
+    on_fatal(exc)
+    return False
+
+
+def _where(record: Record) -> dict[str, object]:
+    """The log fields that say which record an event is about."""
+    return {"topic": record.topic, "partition": record.partition, "offset": record.offset}
 
 
 async def retry_transient(
