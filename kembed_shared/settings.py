@@ -2,16 +2,18 @@
 
 The worker, the sink and the client commands take these as ``KEMBED_<NAME>`` env vars and
 as flags of the same names; the SDK's :class:`producer_sdk.ClientConfig` takes the same
-names as keyword arguments (:data:`SECURITY_FIELDS`).
+names as keyword arguments (:data:`SECURITY_FIELDS`); both are checked by the same rules
+(:mod:`kembed_shared.security_fields`).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal, Self
 
 from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kembed_shared.security_fields import SECURITY_FIELDS, security_problems
 
 __all__ = [
     "SECURITY_FIELDS",
@@ -20,19 +22,6 @@ __all__ = [
     "none_if_blank",
     "security_problems",
 ]
-
-SECURITY_FIELDS = (
-    "security_protocol",
-    "sasl_mechanism",
-    "sasl_username",
-    "sasl_password",
-    "ssl_cafile",
-    "ssl_certfile",
-    "ssl_keyfile",
-    "ssl_password",
-    "ssl_check_hostname",
-)
-"""How to reach Kafka securely: the same names in the worker, ``kembed embed`` and the SDK."""
 
 
 def none_if_blank(value: Any) -> Any:
@@ -99,47 +88,6 @@ class KafkaClientSettings(BaseSettings):
         if problems:
             raise ValueError("; ".join(problems))
         return self
-
-
-def security_problems(settings: KafkaClientSettings) -> list[str]:
-    """Contradictory or incomplete security settings, each as a sentence to show a person."""
-    protocol = settings.security_protocol
-    problems = []
-    sasl = {
-        "sasl_mechanism": settings.sasl_mechanism,
-        "sasl_username": settings.sasl_username,
-        "sasl_password": settings.sasl_password,
-    }
-    if protocol.startswith("SASL_"):
-        missing = [name for name, value in sasl.items() if not value]
-        if missing:
-            problems.append(f"security_protocol {protocol} needs {', '.join(missing)}")
-    elif given := [name for name, value in sasl.items() if value]:
-        problems.append(
-            f"{', '.join(given)} given, but security_protocol {protocol} sends no SASL "
-            f"credentials: use {'SASL_SSL' if protocol == 'SSL' else 'SASL_SSL or SASL_PLAINTEXT'}"
-        )
-    tls = {
-        "ssl_cafile": settings.ssl_cafile,
-        "ssl_certfile": settings.ssl_certfile,
-        "ssl_keyfile": settings.ssl_keyfile,
-        "ssl_password": settings.ssl_password,
-    }
-    if protocol not in ("SSL", "SASL_SSL"):
-        if given := [name for name, value in tls.items() if value]:
-            problems.append(
-                f"{', '.join(given)} given, but security_protocol {protocol} does not use TLS: "
-                f"use {'SASL_SSL' if protocol == 'SASL_PLAINTEXT' else 'SSL or SASL_SSL'}"
-            )
-        return problems
-    orphans = [name for name in ("ssl_keyfile", "ssl_password") if tls[name]]
-    if orphans and not settings.ssl_certfile:
-        problems.append(f"{', '.join(orphans)} given without ssl_certfile")
-    for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-        path = tls[name]
-        if isinstance(path, str) and not Path(path).is_file():
-            problems.append(f"{name}: no such file: {path}")
-    return problems
 
 
 def describe_errors(error: ValidationError) -> str:

@@ -23,9 +23,9 @@ import structlog
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAuthorizationFailedError
 
+from kembed_shared.kafka.security import client_options, diagnose_login, principal_of
 from producer_sdk.config import ClientConfig
-from producer_sdk.errors import AuthorizationError, CatalogUnavailableError
-from producer_sdk.security import client_options, diagnose_login, principal_of
+from producer_sdk.errors import AuthenticationError, AuthorizationError, CatalogUnavailableError
 from schemas import SchemaError
 from schemas.catalog import ModelCard, ModelDescription, decode_card
 
@@ -155,7 +155,7 @@ async def read_catalog(
 
 async def _read_cards(config: ClientConfig, topic: str) -> dict[bytes, ModelCard]:
     """The latest card per key, tombstoned keys removed (compaction's view, done here)."""
-    options = client_options(config)
+    options = client_options(config, tls_error=None)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=config.bootstrap_servers,
         **options,
@@ -172,7 +172,7 @@ async def _read_cards(config: ClientConfig, topic: str) -> dict[bytes, ModelCard
         try:
             await consumer.start()
         except KafkaConnectionError:
-            await diagnose_login(config, options)
+            await diagnose_login(config.bootstrap_servers, options, AuthenticationError.of)
             raise CatalogUnavailableError(
                 f"cannot reach Kafka at {config.bootstrap_servers}"
             ) from None
@@ -200,7 +200,7 @@ async def _read_cards(config: ClientConfig, topic: str) -> dict[bytes, ModelCard
                         waiting.discard(tp)
             return cards
         except TopicAuthorizationFailedError:
-            raise AuthorizationError(principal_of(config), "read", topic) from None
+            raise AuthorizationError(principal_of(options), "read", topic) from None
         except KafkaError as exc:
             raise CatalogUnavailableError(
                 f"cannot read catalog topic {topic!r}: {type(exc).__name__}"

@@ -8,10 +8,9 @@ from typing import Literal
 
 from pydantic import SecretStr
 
-__all__ = ["ClientConfig"]
+from kembed_shared.security_fields import security_problems
 
-_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+__all__ = ["ClientConfig"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,38 +99,6 @@ class ClientConfig:
             raise ValueError("invalid security settings: " + "; ".join(problems))
 
     def security_problems(self) -> list[str]:
-        """Contradictory or incomplete security settings, as sentences for people."""
-        protocol = self.security_protocol
-        if protocol not in _PROTOCOLS:
-            return [f"security_protocol must be one of {', '.join(_PROTOCOLS)}"]
-        problems = []
-        if self.sasl_mechanism is not None and self.sasl_mechanism not in _MECHANISMS:
-            problems.append(f"sasl_mechanism must be one of {', '.join(_MECHANISMS)}")
-        sasl = {
-            "sasl_mechanism": self.sasl_mechanism,
-            "sasl_username": self.sasl_username,
-            "sasl_password": self.sasl_password,
-        }
-        if protocol.startswith("SASL_"):
-            if missing := [name for name, value in sasl.items() if not value]:
-                problems.append(f"security_protocol {protocol} needs {', '.join(missing)}")
-        elif given := [name for name, value in sasl.items() if value]:
-            problems.append(
-                f"{', '.join(given)} given, but security_protocol {protocol} sends no SASL "
-                "credentials: use a SASL_* protocol"
-            )
-        tls = {
-            "ssl_cafile": self.ssl_cafile,
-            "ssl_certfile": self.ssl_certfile,
-            "ssl_keyfile": self.ssl_keyfile,
-            "ssl_password": self.ssl_password,
-        }
-        if protocol not in ("SSL", "SASL_SSL"):
-            if given := [name for name, value in tls.items() if value]:
-                problems.append(
-                    f"{', '.join(given)} given, but security_protocol {protocol} does not "
-                    "use TLS: use SSL or SASL_SSL"
-                )
-        elif not self.ssl_certfile and (self.ssl_keyfile or self.ssl_password):
-            problems.append("ssl_keyfile and ssl_password need ssl_certfile")
-        return problems
+        """Contradictory or incomplete security settings, as sentences for people (the
+        rules of the worker's settings: :func:`kembed_shared.security_fields.security_problems`)."""
+        return security_problems(self)

@@ -139,6 +139,12 @@ class AuthenticationError(KafkaAccessError):
     Raised by ``start()`` (``async with EmbedClient(...)``).
     """
 
+    @classmethod
+    def of(cls, kind: str, reason: str) -> AuthenticationError:
+        """The error for a diagnosis of ``kembed_shared.kafka.security.diagnose_login``
+        (``kind`` "authentication"): "authentication failed: <reason>"."""
+        return cls(f"{kind} failed: {reason}")
+
 
 class AuthorizationError(KafkaAccessError):
     """The client's principal may not do ``operation`` ("write", "read", "describe") on

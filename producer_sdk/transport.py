@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
+from kembed_shared.kafka.security import client_options, diagnose_login, principal_of
 from producer_sdk.config import ClientConfig
-from producer_sdk.errors import AuthorizationError
-from producer_sdk.security import client_options, diagnose_login, principal_of
+from producer_sdk.errors import AuthenticationError, AuthorizationError
 from schemas.headers import CORRELATION_ID
 
 __all__ = ["Transport"]
@@ -36,8 +36,8 @@ class Transport:
         self._config = config
         self._on_reply = on_reply
         self._on_failure = on_failure
-        self._options = client_options(config)
-        self._principal = principal_of(config)
+        self._options = client_options(config, tls_error=None)
+        self._principal = principal_of(self._options)
         self.failure: AuthorizationError | None = None
         """Set when the reply topic turned out unreadable: no result can arrive."""
         self._producer = AIOKafkaProducer(
@@ -70,7 +70,9 @@ class Transport:
             await self._producer.start()
         except KafkaConnectionError:
             await self.stop()
-            await diagnose_login(self._config, self._options)
+            await diagnose_login(
+                self._config.bootstrap_servers, self._options, AuthenticationError.of
+            )
             raise
         if not self._config.read_replies:
             return

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 import structlog
 
+from kembed_shared import backoff
 from kembed_shared.kafka.commit_errors import CommitFailures, FatalCommitError, log_commit_retried
 from kembed_shared.kafka.publisher import KafkaPublisher
 from kembed_shared.kafka.security import client_options
@@ -234,19 +235,18 @@ async def _retrying(
     on_retry: Callable[[], None] = lambda: None,
 ) -> _T:
     """``attempt()`` until it does not raise TransientWriteError, for up to ``retry_s``."""
-    deadline = time.monotonic() + retry_s
-    tries = 0
-    while True:
-        try:
-            return await attempt()
-        except TransientWriteError as exc:
-            wait = _BACKOFF_S[min(tries, len(_BACKOFF_S) - 1)]
-            if time.monotonic() + wait > deadline:
-                raise
-            tries += 1
-            on_retry()
-            log.warning(f"{event}_retry", reason=str(exc), attempt=tries, wait_s=wait)
-            await asyncio.sleep(wait)
+
+    def retrying(exc: TransientWriteError, tries: int, wait: float) -> None:
+        on_retry()
+        log.warning(f"{event}_retry", reason=str(exc), attempt=tries, wait_s=wait)
+
+    return await backoff.retry(
+        attempt,
+        errors=TransientWriteError,
+        delays=backoff.stepped(_BACKOFF_S),
+        retry_for_s=retry_s,
+        on_retry=retrying,
+    )
 
 
 class Sink:
@@ -501,23 +501,21 @@ class Sink:
         self._metrics.errors.labels(refused.code).inc()
         self._metrics.results.labels(refused.code).inc()
         headers = dead_letter_headers(record, refused.code, refused.message[:_MAX_DLQ_MESSAGE])
-        deadline = time.monotonic() + self._settings.write_retry_s
-        tries = 0
-        while True:
-            try:
-                await self._publisher.send(
+        try:
+            await backoff.retry(
+                lambda: self._publisher.send(
                     self._dlq_topic, record.value or b"", key=record.key, headers=headers
-                )
-                break
-            except PublishError as exc:
-                wait = _BACKOFF_S[min(tries, len(_BACKOFF_S) - 1)]
-                if not exc.retriable or time.monotonic() + wait > deadline:
-                    # Nothing is committed past this record: a restart retries it.
-                    raise TransientWriteError(
-                        f"cannot write to the dead-letter topic {self._dlq_topic!r}: {exc.reason}"
-                    ) from None
-                tries += 1
-                await asyncio.sleep(wait)
+                ),
+                errors=PublishError,
+                delays=backoff.stepped(_BACKOFF_S),
+                retry_for_s=self._settings.write_retry_s,
+                retriable=lambda exc: exc.retriable,
+            )
+        except PublishError as exc:
+            # Nothing is committed past this record: a restart retries it.
+            raise TransientWriteError(
+                f"cannot write to the dead-letter topic {self._dlq_topic!r}: {exc.reason}"
+            ) from None
         self._metrics.dlq_messages.labels(refused.code).inc()
 
     async def _commit(self) -> None:

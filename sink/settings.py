@@ -1,9 +1,10 @@
 """Sink settings: every field is an env var ``KEMBED_SINK_<NAME>`` and a ``kembed sink`` flag.
 
-Where Kafka is and how to log in are not repeated here: ``kembed sink`` reads the worker's
-:class:`~worker.settings.KafkaClientSettings` (``KEMBED_BOOTSTRAP_SERVERS``,
+Where Kafka is and how to log in are not repeated here: ``kembed sink`` reads the shared
+:class:`~kembed_shared.settings.KafkaClientSettings` (``KEMBED_BOOTSTRAP_SERVERS``,
 ``KEMBED_SECURITY_PROTOCOL``, ``KEMBED_SASL_*``, ``KEMBED_SSL_*``), so one set of Kafka
-variables serves the worker, ``kembed embed`` and the sink alike.
+variables serves the worker, ``kembed embed`` and the sink alike. The consumer, HTTP and log
+fields the worker has too are declared with :mod:`kembed_shared.service_fields`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Literal, Self
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kembed_shared import service_fields as fields
 from sink.targets import TargetSpec, parse_target
 
 __all__ = ["SinkSettings"]
@@ -112,31 +114,23 @@ class SinkSettings(BaseSettings):
         "undecodable messages, binary vectors, missing keys, another dimension). Default: "
         "the results topic + '.dlq'.",
     )
-    client_id: str = Field("kembed-sink", description="Kafka client id (quotas, broker logs).")
+    client_id: str = fields.client_id("kembed-sink")
     max_batch_results: int = Field(
         200,
         gt=0,
         description="Most result messages per batch. A batch is one database transaction "
         "(one Milvus upsert), followed by one offset commit.",
     )
-    fetch_max_wait_ms: int = Field(
+    fetch_max_wait_ms: int = fields.fetch_max_wait(
         500,
-        ge=0,
-        description="How long a poll waits for results when none are waiting; also bounds "
-        "how long SIGTERM waits for an idle sink.",
+        "How long a poll waits for results when none are waiting; also bounds how long "
+        "SIGTERM waits for an idle sink.",
     )
-    session_timeout_ms: int = Field(
-        45_000,
-        gt=0,
-        description="Kafka session.timeout.ms: how long a dead sink holds its partitions.",
-    )
-    heartbeat_interval_ms: int = Field(3_000, gt=0, description="Kafka heartbeat.interval.ms.")
-    max_poll_interval_ms: int = Field(
-        300_000,
-        gt=0,
-        description="Kafka max.poll.interval.ms; keep it above the slowest batch write. "
-        "Offset commits that keep failing for longer than this plus session_timeout_ms end "
-        "the sink (status 1).",
+    session_timeout_ms: int = fields.session_timeout("sink")
+    heartbeat_interval_ms: int = fields.heartbeat_interval()
+    max_poll_interval_ms: int = fields.max_poll_interval(
+        "; keep it above the slowest batch write. Offset commits that keep failing for longer "
+        "than this plus session_timeout_ms end the sink (status 1)."
     )
 
     # ------------------------------------------------------------------ failures
@@ -152,30 +146,13 @@ class SinkSettings(BaseSettings):
     )
 
     # ------------------------------------------------------------------ lifecycle
-    http_host: str = Field(
-        "0.0.0.0",  # probes and scrapes come from outside the container
-        description="Address of the HTTP endpoint (/health, /ready, /metrics).",
+    http_host: str = fields.http_host("/health, /ready, /metrics")
+    http_port: int = fields.http_port(8081)
+    health_stuck_batch_s: float = fields.health_stuck_batch(
+        "batch (write, dead letters, commit)", "sink"
     )
-    http_port: int = Field(
-        8081,
-        ge=0,
-        le=65535,
-        description="Port of the HTTP endpoint; 0 picks a free port (logged as http.started).",
-    )
-    health_stuck_batch_s: float = Field(
-        300.0,
-        gt=0,
-        description="/health fails when one batch (write, dead letters, commit) has run "
-        "longer than this, so that the orchestrator restarts the sink.",
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Log level."
-    )
-    log_format: Literal["auto", "json", "console"] = Field(
-        "auto",
-        description="json for production (one object per line), console for people; auto "
-        "picks console on a terminal and json otherwise.",
-    )
+    log_level: fields.LogLevel = fields.log_level()
+    log_format: fields.LogFormat = fields.log_format()
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -41,7 +41,13 @@ from kembed_shared.ports import (
 from schemas.headers import CORRELATION_ID, dead_letter_headers
 from worker.offsets import OffsetTracker
 from worker.publish import result_headers
-from worker.replies import Replier, ReplyTo, retry_transient
+from worker.replies import (
+    Replier,
+    ReplyTo,
+    answer_failed,
+    dead_letter_failed,
+    retry_transient,
+)
 from worker.settings import WorkerSettings
 
 __all__ = ["AtLeastOnce", "Delivery", "ExactlyOnce", "TransactionError", "make_delivery"]
@@ -362,19 +368,8 @@ class ExactlyOnce:
         try:
             await self._check_destination(topic, reply.reply_partition)
         except PublishError as exc:
-            if exc.retriable:  # retries ran out: the broker is gone, so is the DLQ
-                log.error("publish.gave_up", request_id=reply.id, reply_to=topic, reason=exc.reason)
-                self._on_fatal(exc)
+            if not answer_failed(exc, record, reply, topic, self._on_fatal):
                 return False
-            log.warning(
-                "publish.failed",
-                request_id=reply.id,
-                reply_to=topic,
-                reason=exc.reason,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-            )
             return await self.dead_letter(record, "reply_failed", exc.reason)
         message = _Message(
             topic, value, reply.id.encode("utf-8"), reply.reply_partition, result_headers(reply.id)
@@ -385,15 +380,7 @@ class ExactlyOnce:
         try:
             await self._check_destination(self._dlq_topic, None)
         except PublishError as exc:
-            log.error(
-                "dead_letter.failed",
-                reason=exc.reason,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-            )
-            self._on_fatal(exc)
-            return False
+            return dead_letter_failed(exc, record, self._on_fatal)
         return await self._wait(record, self._letter(record, code, message))
 
     async def _check_destination(self, topic: str, partition: int | None) -> None:

@@ -15,18 +15,17 @@ it.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
 
+from kembed_shared import backoff
 from kembed_shared.ports import Publisher, PublishError, Record
 from schemas.headers import dead_letter_headers
 from worker.publish import result_headers
 
-__all__ = ["Replier", "ReplyTo", "retry_transient"]
+__all__ = ["Replier", "ReplyTo", "answer_failed", "dead_letter_failed", "retry_transient"]
 
 log = structlog.get_logger("kembed.worker")
 
@@ -70,19 +69,8 @@ class Replier:
                 headers=result_headers(reply.id),
             )
         except PublishError as exc:
-            if exc.retriable:  # retries ran out: the broker is gone, so is the DLQ
-                log.error("publish.gave_up", request_id=reply.id, reply_to=topic, reason=exc.reason)
-                self._on_fatal(exc)
+            if not answer_failed(exc, record, reply, topic, self._on_fatal):
                 return False
-            log.warning(
-                "publish.failed",
-                request_id=reply.id,
-                reply_to=topic,
-                reason=exc.reason,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-            )
             return await self.dead_letter(record, "reply_failed", exc.reason)
         return True
 
@@ -102,13 +90,7 @@ class Replier:
                 # The DLQ refuses the original bytes for good (too large for the topic):
                 # record where it was and why, without them, rather than stall the
                 # partition on a message that can never be copied.
-                log.warning(
-                    "dead_letter.value_omitted",
-                    reason=exc.reason,
-                    topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
-                )
+                log.warning("dead_letter.value_omitted", reason=exc.reason, **_where(record))
                 omitted = f"{message} (value of {len(record.value)} bytes omitted: {exc.reason})"
                 await self._send(
                     self._dlq_topic,
@@ -117,15 +99,7 @@ class Replier:
                     headers=dead_letter_headers(record, code, omitted),
                 )
         except PublishError as exc:
-            log.error(
-                "dead_letter.failed",
-                reason=exc.reason,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-            )
-            self._on_fatal(exc)
-            return False
+            return dead_letter_failed(exc, record, self._on_fatal)
         self._on_dead_letter(code)
         return True
 
@@ -149,6 +123,42 @@ class Replier:
         )
 
 
+def answer_failed(
+    exc: PublishError,
+    record: Record,
+    reply: ReplyTo,
+    topic: str,
+    on_fatal: Callable[[BaseException], None],
+) -> bool:
+    """An answer to ``reply`` could not go to ``topic`` (its retries spent, see
+    :func:`retry_transient`). A retriable failure means the broker is gone, and so is the
+    dead-letter topic: it is fatal (``on_fatal``) and this returns False. A permanent one
+    (the topic refuses it) is logged and this returns True: dead-letter the request."""
+    if exc.retriable:  # retries ran out: the broker is gone, so is the DLQ
+        log.error("publish.gave_up", request_id=reply.id, reply_to=topic, reason=exc.reason)
+        on_fatal(exc)
+        return False
+    log.warning(
+        "publish.failed", request_id=reply.id, reply_to=topic, reason=exc.reason, **_where(record)
+    )
+    return True
+
+
+def dead_letter_failed(
+    exc: PublishError, record: Record, on_fatal: Callable[[BaseException], None]
+) -> bool:
+    """``record`` could not be dead-lettered: log it, report it as fatal (nothing may be
+    committed past it), and return False (not handled)."""
+    log.error("dead_letter.failed", reason=exc.reason, **_where(record))
+    on_fatal(exc)
+    return False
+
+
+def _where(record: Record) -> dict[str, object]:
+    """The log fields that say which record an event is about."""
+    return {"topic": record.topic, "partition": record.partition, "offset": record.offset}
+
+
 async def retry_transient(
     attempt: Callable[[], Awaitable[None]],
     *,
@@ -159,16 +169,16 @@ async def retry_transient(
     """Run ``attempt`` (a send, or a check of its destination), retrying a retriable
     PublishError with exponential backoff (50 ms to 2 s) for up to ``retry_for_s``; then,
     or at once for a permanent one, the PublishError is raised."""
-    give_up = time.monotonic() + retry_for_s
-    delay = 0.05
-    while True:
-        try:
-            await attempt()
-            return
-        except PublishError as exc:
-            if not exc.retriable or time.monotonic() + delay > give_up:
-                raise
-            log.warning("publish.retrying", topic=topic, reason=exc.reason, delay_s=delay)
-            on_retry()
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 2.0)
+
+    def retrying(exc: PublishError, _retries: int, delay: float) -> None:
+        log.warning("publish.retrying", topic=topic, reason=exc.reason, delay_s=delay)
+        on_retry()
+
+    await backoff.retry(
+        attempt,
+        errors=PublishError,
+        delays=backoff.doubling(0.05, 2.0),
+        retry_for_s=retry_for_s,
+        retriable=lambda exc: exc.retriable,
+        on_retry=retrying,
+    )

@@ -21,6 +21,7 @@ from pydantic import (
 )
 from pydantic_settings import SettingsConfigDict
 
+from kembed_shared import service_fields as fields
 from kembed_shared.settings import KafkaClientSettings, none_if_blank
 
 __all__ = [
@@ -120,20 +121,15 @@ class WorkerSettings(KafkaClientSettings):
         description="Consumer group. Workers of one group share the request partitions; "
         "scale out by adding workers (up to the partition count).",
     )
-    client_id: str = Field("kembed-worker", description="Kafka client id (quotas, broker logs).")
-    max_poll_interval_ms: int = Field(
-        300_000,
-        gt=0,
-        description="Kafka max.poll.interval.ms. Fetching continues during inference, so this "
-        "only bounds a stalled worker; keep it above the slowest batch.",
+    client_id: str = fields.client_id("kembed-worker")
+    max_poll_interval_ms: int = fields.max_poll_interval(
+        ". Fetching continues during inference, so this only bounds a stalled worker; keep it "
+        "above the slowest batch."
     )
-    session_timeout_ms: int = Field(
-        45_000,
-        gt=0,
-        description="Kafka session.timeout.ms: how long a dead worker holds its partitions "
-        "(a static member's also wait this long for its restart: see group_instance_id).",
+    session_timeout_ms: int = fields.session_timeout(
+        "worker", " (a static member's also wait this long for its restart: see group_instance_id)"
     )
-    heartbeat_interval_ms: int = Field(3_000, gt=0, description="Kafka heartbeat.interval.ms.")
+    heartbeat_interval_ms: int = fields.heartbeat_interval()
 
     # ------------------------------------------------------------------ static membership
     group_instance_id: str | None = Field(
@@ -148,11 +144,10 @@ class WorkerSettings(KafkaClientSettings):
         "membership (a stopped worker leaves at once, every restart rebalances the group).",
     )
     _blank_instance_id = field_validator("group_instance_id", mode="before")(none_if_blank)
-    fetch_max_wait_ms: int = Field(
+    fetch_max_wait_ms: int = fields.fetch_max_wait(
         20,
-        ge=0,
-        description="Kafka fetch.max.wait.ms: how long the broker holds an empty fetch. Lower "
-        "answers a lone request a little sooner; each idle worker then sends more fetches.",
+        "Kafka fetch.max.wait.ms: how long the broker holds an empty fetch. Lower answers a "
+        "lone request a little sooner; each idle worker then sends more fetches.",
     )
     fetch_max_records: int = Field(
         500, gt=0, description="Most records taken from the consumer per poll."
@@ -353,21 +348,10 @@ class WorkerSettings(KafkaClientSettings):
         description="On SIGTERM or a partition revocation: how long to finish and publish "
         "in-flight requests before leaving them to be redelivered.",
     )
-    http_host: str = Field(
-        "0.0.0.0",  # probes and scrapes come from outside the container
-        description="Address of the HTTP endpoint (/health, /ready, /metrics, /info).",
-    )
-    http_port: int = Field(
-        8080,
-        ge=0,
-        le=65535,
-        description="Port of the HTTP endpoint; 0 picks a free port (logged as http.started).",
-    )
-    health_stuck_batch_s: float = Field(
-        300.0,
-        gt=0,
-        description="/health fails when one encoder batch has run longer than this (a hung "
-        "device), so that the orchestrator restarts the worker.",
+    http_host: str = fields.http_host("/health, /ready, /metrics, /info")
+    http_port: int = fields.http_port(8080)
+    health_stuck_batch_s: float = fields.health_stuck_batch(
+        "encoder batch", "worker", " (a hung device)"
     )
     publish_retry_s: float = Field(
         300.0,
@@ -423,14 +407,8 @@ class WorkerSettings(KafkaClientSettings):
         "answers finished meanwhile share it. Higher: fewer, larger transactions (5 used "
         "less CPU per bulk text), results visible later by as much.",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Log level."
-    )
-    log_format: Literal["auto", "json", "console"] = Field(
-        "auto",
-        description="json for production (one object per line), console for people; auto "
-        "picks console on a terminal and json otherwise.",
-    )
+    log_level: fields.LogLevel = fields.log_level()
+    log_format: fields.LogFormat = fields.log_format()
 
     _parse_models = field_validator("models", "prompts", mode="before")(_json_if_text)
 

@@ -1,18 +1,23 @@
-"""Kafka security for the worker's clients: settings to aiokafka options, and clear errors.
+"""Kafka security for every kembed client: settings to aiokafka options, and clear errors.
 
 aiokafka reports a rejected login only as "Unable to bootstrap" (the reason goes to its own
 log), and an unauthorized topic in a subscription as nothing at all: the consumer waits for
-partitions that never come. So the worker asks two questions itself, before it loads the
-model: can it log in (:func:`diagnose_login`), and may its principal do what it needs on
-each topic and its group (:func:`check_access`, from the broker's own answer, KIP-430)?
-Both raise :class:`~kembed_shared.ports.KafkaAccessError`, whose text never holds a secret.
+partitions that never come. So a client asks two questions itself: can it log in
+(:func:`diagnose_login`), and may its principal do what it needs on each topic and its group
+(:func:`check_access`, from the broker's own answer, KIP-430)? The worker, the sink and the
+client commands get :class:`~kembed_shared.ports.KafkaAccessError`; the SDK passes its own
+exception type (``producer_sdk.errors.AuthenticationError``). No error text holds a secret.
+
+The settings are anything with the security fields (:class:`~kembed_shared.security_fields.
+SecuritySettings`): :class:`~kembed_shared.settings.KafkaClientSettings` and the SDK's
+``ClientConfig`` alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from aiokafka import errors as kafka_errors
@@ -22,9 +27,13 @@ from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
 
 from kembed_shared.ports import KafkaAccessError
-from kembed_shared.settings import KafkaClientSettings
+from kembed_shared.security_fields import SecuritySettings, secret_value
 
-__all__ = ["check_access", "client_options", "diagnose_login", "principal_of"]
+__all__ = ["AccessError", "check_access", "client_options", "diagnose_login", "principal_of"]
+
+AccessError = Callable[[str, str], Exception]
+"""Makes the exception to raise from a ``kind`` ("authentication", "tls") and a ``reason``
+(a sentence without a secret): :class:`~kembed_shared.ports.KafkaAccessError` by default."""
 
 # AclOperation codes, as bits of the authorized-operations field (KIP-430).
 _OPERATION_BITS = {"read": 3, "write": 4, "describe": 8}
@@ -32,27 +41,33 @@ _NOT_PROVIDED = -(2**31)  # Kafka's "authorized operations not requested/known"
 _PROBE_S = 10.0
 
 
-def client_options(settings: KafkaClientSettings) -> dict[str, Any]:
-    """Keyword arguments for aiokafka's clients: security_protocol, SASL and TLS."""
+def client_options(
+    settings: SecuritySettings, *, tls_error: AccessError | None = KafkaAccessError
+) -> dict[str, Any]:
+    """Keyword arguments for aiokafka's clients: security_protocol, SASL and TLS.
+
+    TLS files that cannot be loaded (a wrong key password, a file that is no PEM) raise
+    ``tls_error("tls", reason)``, the reason naming the settings involved; with
+    ``tls_error=None``, ssl's own error (``ssl.SSLError`` or ``OSError``)."""
     options: dict[str, Any] = {"security_protocol": settings.security_protocol}
     if settings.security_protocol.startswith("SASL_"):
-        assert settings.sasl_password is not None  # the settings checked the combination
         options.update(
             sasl_mechanism=settings.sasl_mechanism,
             sasl_plain_username=settings.sasl_username,
-            sasl_plain_password=settings.sasl_password.get_secret_value(),
+            sasl_plain_password=secret_value(settings.sasl_password),
         )
     if settings.security_protocol in ("SSL", "SASL_SSL"):
-        key_password = settings.ssl_password.get_secret_value() if settings.ssl_password else None
         try:
             context = create_ssl_context(
                 cafile=settings.ssl_cafile,
                 certfile=settings.ssl_certfile,
                 keyfile=settings.ssl_keyfile,
-                password=key_password,
+                password=secret_value(settings.ssl_password),
             )
         except (ssl.SSLError, OSError) as exc:
-            raise KafkaAccessError(
+            if tls_error is None:
+                raise
+            raise tls_error(
                 "tls",
                 "cannot load the TLS files (ssl_cafile, ssl_certfile, ssl_keyfile with "
                 f"ssl_password): {exc}",
@@ -77,10 +92,12 @@ def _scrub(text: str, options: Mapping[str, Any]) -> str:
     return text.replace(secret, "***") if secret else text
 
 
-async def diagnose_login(bootstrap_servers: str, options: Mapping[str, Any]) -> None:
-    """After aiokafka could not bootstrap: raise KafkaAccessError if the reason is a rejected
-    login or TLS handshake; return if no broker answered at all (the caller's error stands).
-    """
+async def diagnose_login(
+    bootstrap_servers: str, options: Mapping[str, Any], error: AccessError = KafkaAccessError
+) -> None:
+    """After aiokafka could not bootstrap: raise ``error("authentication", reason)`` if the
+    reason is a rejected login or TLS handshake; return if no broker answered at all (the
+    caller's error stands)."""
     for server in bootstrap_servers.split(","):
         host, _, port = server.strip().rpartition(":")
         if not host or not port.isdigit():
@@ -95,7 +112,7 @@ async def diagnose_login(bootstrap_servers: str, options: Mapping[str, Any]) -> 
             kafka_errors.IllegalSaslStateError,
         ) as exc:
             mechanism = options.get("sasl_mechanism")
-            raise KafkaAccessError(
+            raise error(
                 "authentication",
                 _scrub(
                     f"Kafka at {server.strip()} rejected the login of "
@@ -109,7 +126,7 @@ async def diagnose_login(bootstrap_servers: str, options: Mapping[str, Any]) -> 
                 if isinstance(exc, ssl.SSLCertVerificationError)
                 else exc.reason or str(exc)
             )
-            raise KafkaAccessError(
+            raise error(
                 "authentication", f"TLS handshake with Kafka at {server.strip()} failed: {detail}"
             ) from None
         except (OSError, TimeoutError, kafka_errors.KafkaError):

@@ -17,8 +17,7 @@ from kembed_shared.kafka.security import _missing_topic_rights, client_options, 
 from kembed_shared.observability.logging import redacted
 from kembed_shared.ports import KafkaAccessError
 from kembed_shared.settings import SECURITY_FIELDS, KafkaClientSettings, describe_errors
-from producer_sdk import AuthorizationError, ClientConfig
-from producer_sdk.security import client_options as sdk_options
+from producer_sdk import AuthenticationError, AuthorizationError, ClientConfig
 from scripts.kafka_acls import AclBinding
 from scripts.kafka_local import LocalKafka, TlsFiles, secured_server_properties
 from worker.settings import WorkerSettings
@@ -190,6 +189,29 @@ def test_sdk_config_refuses_the_same_contradictions(settings: dict[str, Any], me
     assert SECRET not in str(failure.value)
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param({"security_protocol": "SSL", "sasl_mechanism": "PLAIN"}, id="ssl-with-sasl"),
+        pytest.param(sasl("SASL_PLAINTEXT", ssl_cafile="/etc/hosts"), id="tls-file-without-tls"),
+        pytest.param({"security_protocol": "SSL", "ssl_password": SECRET}, id="key-password"),
+        pytest.param({"security_protocol": "SSL", "ssl_cafile": "/no/such/ca.pem"}, id="no-file"),
+    ],
+)
+def test_sdk_and_worker_share_one_set_of_rules(
+    clean_env: pytest.MonkeyPatch, settings: dict[str, Any]
+) -> None:
+    """The SDK's ClientConfig and the worker's settings refuse a combination with the same
+    sentences: one set of rules checks both."""
+    with pytest.raises(ValidationError) as worker_failure:
+        settings_of(WorkerSettings, **settings)
+    with pytest.raises(ValueError, match="invalid security settings") as sdk_failure:
+        ClientConfig("localhost:9092", **settings)
+
+    sdk_problems = str(sdk_failure.value).removeprefix("invalid security settings: ")
+    assert sdk_problems in describe_errors(worker_failure.value)
+
+
 def test_env_vars_configure_security(clean_env: pytest.MonkeyPatch) -> None:
     """Every security setting is a KEMBED_* variable; passwords become SecretStr."""
     clean_env.setenv("KEMBED_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
@@ -213,7 +235,7 @@ def test_env_vars_configure_security(clean_env: pytest.MonkeyPatch) -> None:
 def test_plaintext_gives_plaintext_options(clean_env: pytest.MonkeyPatch) -> None:
     """The default adds nothing but the protocol, so plain set-ups behave as before."""
     assert client_options(settings_of(WorkerSettings)) == {"security_protocol": "PLAINTEXT"}
-    assert sdk_options(ClientConfig("localhost:9092")) == {"security_protocol": "PLAINTEXT"}
+    assert client_options(ClientConfig("localhost:9092")) == {"security_protocol": "PLAINTEXT"}
 
 
 def test_sasl_options_carry_the_login(clean_env: pytest.MonkeyPatch) -> None:
@@ -226,7 +248,7 @@ def test_sasl_options_carry_the_login(clean_env: pytest.MonkeyPatch) -> None:
     }
 
     assert client_options(settings_of(WorkerSettings, **sasl("SASL_PLAINTEXT"))) == expected
-    assert sdk_options(ClientConfig("localhost:9092", **sasl("SASL_PLAINTEXT"))) == expected
+    assert client_options(ClientConfig("localhost:9092", **sasl("SASL_PLAINTEXT"))) == expected
     assert principal_of(expected) == "User:svc"
 
 
@@ -265,7 +287,7 @@ def test_hostname_check_can_be_turned_off(
             WorkerSettings, security_protocol="SSL", ssl_cafile=pem["ca"], ssl_check_hostname=False
         )
     )["ssl_context"]
-    sdk_context = sdk_options(
+    sdk_context = client_options(
         ClientConfig(
             "localhost:9092",
             security_protocol="SSL",
@@ -298,6 +320,35 @@ def test_unloadable_key_is_a_clear_tls_error(
     assert failure.value.kind == "tls"
     assert "ssl_keyfile" in failure.value.reason
     assert SECRET not in str(failure.value)
+
+
+def test_sdk_options_let_ssl_errors_through(pem: dict[str, str]) -> None:
+    """The SDK asks for ssl's own error when the TLS files cannot be loaded (as before the
+    SDK shared the worker's options); the worker's KafkaAccessError is the default."""
+    config = ClientConfig(
+        "localhost:9092",
+        security_protocol="SSL",
+        ssl_certfile=pem["ca"],
+        ssl_keyfile=pem["key"],
+        ssl_password=SECRET,
+    )
+
+    with pytest.raises(ssl.SSLError):
+        client_options(config, tls_error=None)
+    with pytest.raises(KafkaAccessError, match="cannot load the TLS files"):
+        client_options(config)
+
+
+def test_sdk_login_errors_read_like_the_workers() -> None:
+    """AuthenticationError.of turns the shared diagnosis (kind, reason) into the SDK's
+    error with the worker's "<kind> failed: <reason>" wording."""
+    reason = "Kafka at k:9092 rejected the login of User:svc with PLAIN: SaslAuthenticationFailed"
+
+    error = AuthenticationError.of("authentication", reason)
+
+    assert isinstance(error, AuthenticationError)
+    assert str(error) == str(KafkaAccessError("authentication", reason))
+    assert str(error).startswith("authentication failed: Kafka at k:9092")
 
 
 # -- topic rights from the broker's authorized operations ----------------------------------------

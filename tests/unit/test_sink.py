@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -197,6 +198,37 @@ def test_settings_read_kembed_sink_variables(monkeypatch: pytest.MonkeyPatch) ->
     spec = settings.target_spec()
     assert spec.password is not None
     assert spec.password.get_secret_value() == "s3cret"
+
+
+def test_shared_consumer_fields_keep_each_side_its_prefix_and_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The consumer, HTTP and log fields the sink and the worker both declare (one definition,
+    kembed_shared.service_fields) keep each side's env prefix and its own defaults."""
+    from worker.settings import WorkerSettings
+
+    for name in list(os.environ):
+        if name.startswith("KEMBED_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("KEMBED_SINK_TARGET", "milvus:///x.db")
+    monkeypatch.setenv("KEMBED_SINK_SESSION_TIMEOUT_MS", "10000")
+    monkeypatch.setenv("KEMBED_HEARTBEAT_INTERVAL_MS", "1000")
+    monkeypatch.setenv("KEMBED_LOG_FORMAT", "json")
+    from_env: dict[str, Any] = {}
+    sink, worker = SinkSettings(**from_env), WorkerSettings(**from_env)
+
+    assert (sink.session_timeout_ms, worker.session_timeout_ms) == (10_000, 45_000)
+    assert (sink.heartbeat_interval_ms, worker.heartbeat_interval_ms) == (3_000, 1_000)
+    assert (sink.log_format, worker.log_format) == ("auto", "json")
+    assert (sink.client_id, worker.client_id) == ("kembed-sink", "kembed-worker")
+    assert (sink.http_port, worker.http_port) == (8081, 8080)
+    assert (sink.fetch_max_wait_ms, worker.fetch_max_wait_ms) == (500, 20)
+    out_of_range: dict[str, Any] = {"http_port": 70_000}
+    with pytest.raises(ValidationError, match="less than or equal to 65535"):
+        SinkSettings(**out_of_range)
+    out_of_range = {"max_poll_interval_ms": 0}
+    with pytest.raises(ValidationError, match="greater than 0"):
+        WorkerSettings(**out_of_range)
 
 
 def test_sink_command_has_sink_and_kafka_flags() -> None:
