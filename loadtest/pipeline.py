@@ -13,7 +13,7 @@ product; in Milvus Lite a collection with an HNSW index of the same parameters):
    one connection), or with pymilvus (``MilvusClient.insert`` of the rows, in chunks of
    1,000). The model's load is not timed, the encode is timed once and counted in each
    target's script (the script runs encode, then insert).
-2. **kembed**: a local broker (``scripts/kafka_local.py``), one worker process
+2. **kembed**: a local broker (``scripts/kafka_local``), one worker process
    (``scripts/worker_process.py``) with its default settings (and again with
    ``--dtype float32``, the other settings default), a ``kembed sink`` process with its
    default settings against a fresh table (``scripts/pg_local.py``) or Milvus Lite file;

@@ -3,7 +3,7 @@
 #   - a virtual environment in a cache outside the clone, keyed by requirements.lock
 #     (torch alone is several GB, so it is built once per lock, not once per clone);
 #   - ./.venv, a link to it, with this clone installed in editable mode (the `kembed` command);
-#   - the Kafka broker jars (scripts/kafka_local.py fetches them with Maven, cached by version).
+#   - the Kafka broker jars (scripts/kafka_local/maven.py fetches them with Maven, cached by version).
 # Safe to run again and again; it only does work when something is missing or changed.
 set -euo pipefail
 

@@ -25,12 +25,12 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
+
+from scripts.local_server import LocalServer, free_port
 
 __all__ = ["LocalPostgres"]
 
@@ -45,14 +45,7 @@ def _package_install() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class LocalPostgres:
+class LocalPostgres(LocalServer):
     """One PostgreSQL server in a temporary directory, removed by :meth:`stop`."""
 
     def __init__(self, user: str = "kembed", database: str = "postgres") -> None:
@@ -113,7 +106,7 @@ class LocalPostgres:
             "--no-sync",
         )
         password_file.unlink()
-        self.port = _free_port()
+        self.port = free_port()
         self.start_server(timeout)
 
     def start_server(self, timeout: float = 60.0) -> None:
@@ -192,18 +185,6 @@ class LocalPostgres:
                 check=True,
                 capture_output=True,
             )
-
-    def __enter__(self) -> LocalPostgres:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def main() -> None:

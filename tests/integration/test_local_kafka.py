@@ -1,4 +1,4 @@
-"""The local KRaft broker of scripts/kafka_local.py: topics, durability across restart, shutdown.
+"""The local KRaft broker of scripts/kafka_local: topics, durability across restart, shutdown.
 
 Plain sync tests that drive aiokafka through ``asyncio.run``, so they need no async plugin.
 """

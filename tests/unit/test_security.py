@@ -18,8 +18,8 @@ from kembed_shared.observability.logging import redacted
 from kembed_shared.ports import KafkaAccessError
 from kembed_shared.settings import SECURITY_FIELDS, KafkaClientSettings, describe_errors
 from producer_sdk import AuthenticationError, AuthorizationError, ClientConfig
-from scripts.kafka_acls import AclBinding
-from scripts.kafka_local import LocalKafka, TlsFiles, secured_server_properties
+from scripts.kafka_local import AclBinding, LocalKafka, TlsFiles, secured_server_properties
+from scripts.kafka_local.acls import acl_bindings
 from worker.settings import WorkerSettings
 
 SECRET = "hunter2-not-for-logs"
@@ -578,3 +578,23 @@ def test_acl_binding_checks_its_names() -> None:
     with pytest.raises(ValueError, match="User:name"):
         AclBinding("alice", "topic", "t", "read")
     assert AclBinding("User:alice", "group", "g", "read").wire()[:3] == (3, "g", 3)
+
+
+def test_acl_bindings_name_one_resource_and_known_operations() -> None:
+    """grant()/revoke() arguments: one binding per operation, lower-cased, for a User
+    principal; exactly one of topic= and group=; unknown operations and keywords refused."""
+    bindings = acl_bindings("grant", "alice", ["Read", "write"], {"topic": "t", "prefixed": True})
+
+    assert bindings == [
+        AclBinding("User:alice", "topic", "t", "read", "prefixed"),
+        AclBinding("User:alice", "topic", "t", "write", "prefixed"),
+    ]
+    assert acl_bindings("revoke", "User:bob", ["read"], {"group": "g"}) == [
+        AclBinding("User:bob", "group", "g", "read")
+    ]
+    with pytest.raises(ValueError, match=r"grant\(\) takes exactly one of topic= or group="):
+        acl_bindings("grant", "alice", ["read"], {"topic": "t", "group": "g"})
+    with pytest.raises(ValueError, match="operations must be some of"):
+        acl_bindings("grant", "alice", ["publish"], {"topic": "t"})
+    with pytest.raises(TypeError, match="unexpected keyword arguments"):
+        acl_bindings("grant", "alice", ["read"], {"topic": "t", "prefix": True})  # type: ignore[typeddict-unknown-key]
