@@ -178,7 +178,7 @@ async def _invalid(request: Request, error: RequestValidationError) -> JSONRespo
     elif not where:
         message, param = "the body must be a JSON object", None
     else:
-        param = ".".join(where)
+        param = where[0]  # the field; pydantic's loc goes on into union members and items
         message = f"{param}: {str(first.get('msg', 'invalid')).removeprefix('Value error, ')}"
     answer = ApiError("invalid_request", message, param=param)
     return error_response(answer, shape_of(request.url.path))

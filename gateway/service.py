@@ -184,7 +184,7 @@ class Gateway:
         """Whether the catalog shows a live worker for ``model`` (None: for the requests
         topic the SDK sends an unnamed model's requests to)."""
         try:
-            models = await self.catalog.models()
+            models = await self.catalog.models(max_age_s=1.0)  # what the fleet is now
         except KembedError:
             return False
         if model is not None:
