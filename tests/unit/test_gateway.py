@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import re
+import subprocess
+import sys
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -220,6 +223,25 @@ def test_kembed_gateway_with_an_unreadable_key_file_exits_2(
 ) -> None:
     assert main(["gateway", "--api-keys-file", str(tmp_path / "absent")]) == 2
     assert "api_keys_file" in capsys.readouterr().err
+
+
+def test_kembed_gateway_exits_1_with_one_event_when_kafka_cannot_be_reached() -> None:
+    """The client starts in the app's lifespan; uvicorn's failed start-up is exit 1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "kembed_cli", "gateway", "--port", "0", "--log-format", "json"],
+        cwd=ROOT,
+        env={**env, "KEMBED_BOOTSTRAP_SERVERS": "127.0.0.1:1", "KEMBED_GATEWAY_API_KEYS": KEY},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    (failed,) = [event for event in events if event["event"] == "gateway.kafka_failed"]
+    assert failed["bootstrap_servers"] == "127.0.0.1:1"
+    assert KEY not in done.stderr
 
 
 # ---------------------------------------------------------------------- the errors table
