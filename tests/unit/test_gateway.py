@@ -845,12 +845,19 @@ async def test_the_catalog_cache_shares_one_read_and_keeps_a_failure_as_long() -
     assert len(reads) == 1
     assert (await cache.find("absent")) is None  # older than a second: read again
     assert len(reads) == 2
-    now[0] = 6.0
+    now[0] = 6.0  # old: a known model is answered from the cache, and a read starts
+    gate.clear()
+    assert (await cache.find(MODEL)) is not None
+    await asyncio.sleep(0)  # the background read starts
+    assert len(reads) == 3
     failing[0] = True
+    gate.set()
     with pytest.raises(CatalogUnavailableError):
-        await cache.models()
+        await cache.models()  # the read in flight failed
     with pytest.raises(CatalogUnavailableError):
-        await cache.models()
+        await cache.models()  # and that is the answer until it is old
+    with pytest.raises(CatalogUnavailableError):
+        await cache.find(MODEL)
     assert len(reads) == 3
     await cache.close()
 
