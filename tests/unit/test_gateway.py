@@ -464,6 +464,17 @@ async def test_a_body_that_is_not_json_is_400_or_tei_422() -> None:
     assert tei_error(tei)["error_type"] == "Validation"
 
 
+async def test_a_body_sent_as_a_form_is_400_saying_to_send_json() -> None:
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    async with served() as (http, _):
+        answer = await http.post("/v1/embeddings", content=b'{"input": "x"}', headers=form)
+        array = await http.post("/v1/embeddings", json=["x"])
+    error = openai_error(answer, 400, "invalid_request", "invalid_request_error", param=None)
+    assert "Content-Type: application/json" in error["message"]
+    error = openai_error(array, 400, "invalid_request", "invalid_request_error", param=None)
+    assert error["message"] == "the body must be a JSON object"
+
+
 async def test_an_unknown_model_is_404_before_anything_is_sent() -> None:
     async with served() as (http, fake):
         answer = await http.post("/v1/embeddings", json={"model": "nope/model", "input": "x"})
