@@ -282,9 +282,9 @@ def long_text() -> str:
 
 
 def mixed_batch() -> list[str]:
-    """100 distinct texts: 70 STS-B sentences and 30 passages of ~200 tokens, shuffled."""
+    """100 distinct texts: 70 STS-B sentences and 30 passages of ~160 tokens, shuffled."""
     sentences = stsb_sentences()
-    texts = sentences[:70] + passages(sentences[70:], words=150)[:30]
+    texts = sentences[:70] + passages(sentences[70:], words=120)[:30]
     random.Random(15).shuffle(texts)
     assert len(texts) == 100 == len(set(texts))
     return texts
@@ -410,12 +410,13 @@ def test_openai_client_gets_the_sdk_vectors_as_float_base64_and_with_dimensions(
 def test_openai_client_keeps_the_order_of_a_100_input_batch(
     fleet: Fleet, gateway: GatewayProcess
 ) -> None:
-    """100 inputs of mixed lengths (sentences and ~200-token passages) come back in input
+    """100 inputs of mixed lengths (sentences and ~160-token passages) come back in input
     order: each index holds the SDK's vector for that input."""
     from openai import OpenAI
 
     texts = mixed_batch()
     [expected] = sdk(fleet, (texts, {}))
+    assert max(expected.tokens) < 256  # none truncated: OpenAI's API refuses over-long inputs
     client = OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY_FROM_ENV, max_retries=0)
     response = client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
     assert [d.index for d in response.data] == list(range(100))
@@ -840,9 +841,10 @@ def test_logs_hold_no_request_text_and_no_api_key(
 def test_with_no_worker_left_ready_fails_and_requests_get_503(
     fleet: Fleet, gateway: GatewayProcess, tight_gateway: GatewayProcess
 ) -> None:
-    """The worker stops (withdrawing its catalog card): /ready turns 503, and a request the
-    gateway cannot route to a live worker times out as 503 (no_worker / Unhealthy), not
-    504. Runs last: it stops the module's worker."""
+    """The worker stops (withdrawing its catalog card): /ready turns 503 (/health stays
+    200); TEI's /embed, which names no model, times out as 503 Unhealthy (no live worker
+    reads its topic), not 504; OpenAI's request for the model is 404 model_not_found.
+    Runs last: it stops the module's worker."""
     assert fleet.worker.stop() == 0
     give_up = time.monotonic() + 60
     while httpx.get(f"{tight_gateway.url}/ready").status_code != 503:
@@ -854,9 +856,6 @@ def test_with_no_worker_left_ready_fails_and_requests_get_503(
     openai_shaped = httpx.post(
         f"{tight_gateway.url}/v1/embeddings", json={"model": MODEL, "input": "x"}, timeout=30
     )
-    # docs/gateway.md: a model no live worker announces is 404 model_not_found; a request
-    # sent and then left unanswered with no live worker is 503 no_worker.
-    if openai_shaped.status_code == 404:
-        openai_error(openai_shaped, 404, "model_not_found", "invalid_request_error")
-    else:
-        openai_error(openai_shaped, 503, "no_worker", "server_error")
+    # docs/gateway.md: a model no live worker announces is 404 model_not_found (503
+    # no_worker is for a request sent while the model was live, left unanswered by then).
+    openai_error(openai_shaped, 404, "model_not_found", "invalid_request_error")
