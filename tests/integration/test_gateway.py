@@ -652,6 +652,19 @@ def test_tei_embed_request_and_response_field_by_field(
 
 
 LONG_SECRET = "<SECRET_TEXT and a text over the model's limit>"
+
+
+def with_long_text(value: Any) -> Any:
+    """``value`` with each LONG_SECRET replaced (the data set is read when a test runs)."""
+    if value == LONG_SECRET:
+        return f"{SECRET_TEXT} {long_text()}"
+    if isinstance(value, list):
+        return [with_long_text(item) for item in value]
+    if isinstance(value, dict):
+        return {name: with_long_text(item) for name, item in value.items()}
+    return value
+
+
 TEI_ERRORS = [
     # (case, key, body, status, error_type)
     ("missing key", None, {"inputs": SECRET_TEXT}, 401, "Validation"),
@@ -719,8 +732,7 @@ def test_tei_errors_have_tei_shape_and_status(
 ) -> None:
     """TEI's ErrorResponse {error, error_type} with TEI's status for each refusal."""
     headers = {} if key is None else auth(key)
-    if LONG_SECRET in json.dumps(body):  # read the data set only when the test runs
-        body = json.loads(json.dumps(body).replace(LONG_SECRET, f"{SECRET_TEXT} {long_text()}"))
+    body = with_long_text(body)
     response = httpx.post(f"{gateway.url}/embed", json=body, headers=headers, timeout=60)
     message = tei_error(response, status, error_type)
     assert SECRET_TEXT not in message
