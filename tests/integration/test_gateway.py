@@ -518,6 +518,20 @@ def test_health_ready_and_metrics_need_no_key_the_api_pages_do(gateway: GatewayP
     assert page.headers["content-type"].startswith("text/html")
 
 
+LONG_SECRET = "<SECRET_TEXT and a text over the model's limit>"
+
+
+def with_long_text(value: Any) -> Any:
+    """``value`` with each LONG_SECRET replaced (the data set is read when a test runs)."""
+    if value == LONG_SECRET:
+        return f"{SECRET_TEXT} {long_text()}"
+    if isinstance(value, list):
+        return [with_long_text(item) for item in value]
+    if isinstance(value, dict):
+        return {name: with_long_text(item) for name, item in value.items()}
+    return value
+
+
 OPENAI_ERRORS = [
     # (case, key, body or raw bytes, status, code, type)
     ("missing key", None, {"model": MODEL, "input": SECRET_TEXT}, 401, "invalid_api_key"),
@@ -559,6 +573,13 @@ OPENAI_ERRORS = [
     ),
     ("no model", KEY_FROM_ENV, {"input": SECRET_TEXT}, 400, "invalid_request"),
     (
+        "an input over the model's limit",
+        KEY_FROM_ENV,
+        {"model": MODEL, "input": [TEXTS[0], LONG_SECRET]},
+        400,
+        "input_too_long",
+    ),
+    (
         "unknown encoding_format",
         KEY_FROM_ENV,
         {"model": MODEL, "input": SECRET_TEXT, "encoding_format": "int4"},
@@ -586,6 +607,7 @@ def test_embeddings_errors_have_openai_shape_and_status(
     """Each refusal docs/gateway.md lists: its status, and OpenAI's error object with the
     documented code and type (invalid_request_error for 4xx)."""
     headers = {} if key is None else auth(key)
+    body = with_long_text(body)
     if isinstance(body, bytes):
         headers["Content-Type"] = "application/json"
         response = httpx.post(f"{gateway.url}/v1/embeddings", content=body, headers=headers)
@@ -649,20 +671,6 @@ def test_tei_embed_request_and_response_field_by_field(
     assert_same_vectors(kept_start, right.vectors)
     assert cosines(kept_end, kept_start)[0] < 0.99
     assert_same_vectors(embed({"inputs": [long], "truncate": True}), right.vectors)
-
-
-LONG_SECRET = "<SECRET_TEXT and a text over the model's limit>"
-
-
-def with_long_text(value: Any) -> Any:
-    """``value`` with each LONG_SECRET replaced (the data set is read when a test runs)."""
-    if value == LONG_SECRET:
-        return f"{SECRET_TEXT} {long_text()}"
-    if isinstance(value, list):
-        return [with_long_text(item) for item in value]
-    if isinstance(value, dict):
-        return {name: with_long_text(item) for name, item in value.items()}
-    return value
 
 
 TEI_ERRORS = [
@@ -748,6 +756,7 @@ def test_a_full_gateway_answers_429_with_retry_after_at_once(
     gateway answers the next request 429 with Retry-After, in OpenAI's shape
     (overloaded, rate_limit_error) and TEI's (Overloaded), without queueing it."""
     url = tight_gateway.url
+    before = statuses_seen(url)
 
     async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
@@ -770,6 +779,9 @@ def test_a_full_gateway_answers_429_with_retry_after_at_once(
     assert tei_shaped.headers["retry-after"] == "1"
     openai_error(waiting, 504, "deadline_exceeded", "server_error")
     assert in_flight(url) == 0
+    after = statuses_seen(url)
+    assert after.get("429", 0) == before.get("429", 0) + 2, (before, after)
+    assert after.get("504", 0) == before.get("504", 0) + 1, (before, after)
 
 
 def test_a_paused_worker_gives_504_and_drops_the_expired_work(
@@ -808,9 +820,13 @@ def test_metrics_count_requests_by_status(gateway: GatewayProcess) -> None:
     assert httpx.post(url, json={"model": MODEL, "input": "x"}, headers=auth()).status_code == 200
     assert httpx.post(url, json={"model": MODEL, "input": "x"}).status_code == 401
     assert httpx.post(url, json={"model": "nope", "input": "x"}, headers=auth()).status_code == 404
+    too_large = {"model": MODEL, "input": "x" * MAX_BODY_BYTES}
+    assert httpx.post(url, json=too_large, headers=auth()).status_code == 413
+    too_many = {"model": MODEL, "input": ["x"] * (MAX_INPUTS + 1)}
+    assert httpx.post(url, json=too_many, headers=auth()).status_code == 400
     tei = httpx.post(f"{gateway.url}/embed", json={"inputs": []}, headers=auth())
     after = statuses_seen(gateway.url)
-    for status in ("200", "401", "404", str(tei.status_code)):
+    for status in ("200", "400", "401", "404", "413", str(tei.status_code)):
         assert after.get(status, 0) >= before.get(status, 0) + 1, (status, before, after)
     samples = metric_samples(gateway.url, "kembed_gateway_requests_total")
     assert any(labels["model"] == MODEL and labels["status"] == "200" for labels, _ in samples)
