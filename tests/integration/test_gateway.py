@@ -23,11 +23,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -46,7 +43,7 @@ from producer_sdk import EmbedClient
 from producer_sdk.encodings import Embeddings
 from scripts.kafka_local import CATALOG_TOPIC_CONFIG, LocalKafka, TopicSpec
 from scripts.local_server import LOOPBACK, free_port
-from tests.conftest import ROOT, WorkerProcess
+from scripts.worker_process import WorkerProcess, variables
 
 pytestmark = pytest.mark.integration
 
@@ -78,29 +75,19 @@ class Fleet:
     worker: WorkerProcess
 
 
-class GatewayProcess:
+class GatewayProcess(WorkerProcess):
     """A real ``kembed gateway`` process on a free loopback port, its log captured."""
 
     def __init__(self, bootstrap_servers: str, log_path: Path, **settings: Any) -> None:
         """``settings`` become ``KEMBED_GATEWAY_*`` variables."""
-        self.log_path = log_path
         self.port = free_port()
         env = {
-            **os.environ,
-            "KEMBED_BOOTSTRAP_SERVERS": bootstrap_servers,
             "KEMBED_GATEWAY_HOST": LOOPBACK,
             "KEMBED_GATEWAY_PORT": str(self.port),
             "KEMBED_GATEWAY_LOG_FORMAT": "json",
+            **variables("KEMBED_GATEWAY_", settings),
         }
-        env.update({f"KEMBED_GATEWAY_{name.upper()}": str(v) for name, v in settings.items()})
-        self._log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "kembed_cli", "gateway"],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        self._run(["kembed_cli", "gateway"], bootstrap_servers, log_path, env)
 
     @property
     def url(self) -> str:
@@ -122,17 +109,6 @@ class GatewayProcess:
         raise AssertionError(
             f"gateway never ready (exit {self.process.poll()}):\n{self.log_text()[-3000:]}"
         )
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-        return self.process.returncode
 
 
 @pytest.fixture(scope="module")
@@ -837,8 +813,10 @@ def test_logs_hold_no_request_text_and_no_api_key(
     gateway: GatewayProcess, tight_gateway: GatewayProcess
 ) -> None:
     """After answers and refusals of requests carrying SECRET_TEXT (above and here), with
-    right and wrong keys, neither gateway's log holds the text or any key; the gateway
-    without keys warned about it at start, the one with keys did not."""
+    right and wrong keys, neither gateway's log holds the text or any key (though it logs
+    these requests: it grows); the gateway without keys warned about it at start, the one
+    with keys did not."""
+    logged = len(gateway.log_text())
     for body, key in (
         ({"model": MODEL, "input": [SECRET_TEXT]}, KEY_FROM_ENV),
         ({"model": MODEL, "input": [SECRET_TEXT]}, WRONG_KEY),
@@ -853,7 +831,7 @@ def test_logs_hold_no_request_text_and_no_api_key(
         timeout=60,
     )
     main, tight = gateway.log_text(), tight_gateway.log_text()
-    assert len(main.splitlines()) >= 2  # it logs (start-up at least): the checks below can fail
+    assert len(main) > logged  # the refusals above were logged: the checks below can fail
     for log in (main, tight):
         assert SECRET_TEXT not in log
         assert "quokka" not in log
