@@ -56,6 +56,7 @@ _SERVER = "server_error"
 
 KINDS: dict[str, Kind] = {
     "invalid_request": Kind(400, _INVALID, 422, "Validation"),
+    "empty_input": Kind(400, _INVALID, 400, "Empty"),
     "too_many_inputs": Kind(400, _INVALID, 413, "Validation"),
     "input_too_long": Kind(400, _INVALID, 422, "Validation"),
     "invalid_api_key": Kind(401, _INVALID, 401, "Validation"),

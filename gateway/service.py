@@ -86,7 +86,7 @@ class Gateway:
         """The gateway's own validation of the texts: at least one, none empty, at most
         ``max_inputs``."""
         if not texts:
-            raise ApiError("invalid_request", "input must not be empty", param="input")
+            raise ApiError("empty_input", "input must not be empty", param="input")
         if len(texts) > self.settings.max_inputs:
             raise ApiError(
                 "too_many_inputs",

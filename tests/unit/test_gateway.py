@@ -424,7 +424,6 @@ async def test_token_id_arrays_are_refused_with_400(tokens: list[Any]) -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"model": MODEL, "input": []}, "input"),
         ({"model": MODEL, "input": ["ok", ""]}, "input"),
         ({"input": "no model"}, "model"),
         ({"model": MODEL, "input": "x", "encoding_format": "SECRET-FORMAT"}, "encoding_format"),
@@ -439,6 +438,18 @@ async def test_invalid_requests_are_400_naming_the_field_without_repeating_it(
         answer = await http.post("/v1/embeddings", json=body)
     openai_error(answer, 400, "invalid_request", "invalid_request_error", param=param)
     assert "SECRET-FORMAT" not in answer.text
+    assert fake.calls == []
+
+
+async def test_no_input_at_all_is_openai_400_and_tei_400_empty() -> None:
+    """TEI answers an empty batch 400 ``Empty`` ("Batch is empty"); OpenAI's shape says
+    400 with the code ``empty_input``. Nothing is sent."""
+    async with served() as (http, fake):
+        openai = await http.post("/v1/embeddings", json={"model": MODEL, "input": []})
+        tei = await http.post("/embed", json={"inputs": []})
+    openai_error(openai, 400, "empty_input", "invalid_request_error", param="input")
+    assert tei.status_code == 400
+    assert tei_error(tei)["error_type"] == "Empty"
     assert fake.calls == []
 
 
