@@ -1,7 +1,7 @@
 """``python -m loadtest.gateway``: what the HTTP gateway costs next to the SDK it wraps.
 
     python -m loadtest.gateway [--requests 400] [--blocks 10] [--clients 64] [--batch 32]
-                               [--texts 8192] [--rounds 2] [--encoding-format float]
+                               [--texts 4096] [--rounds 2] [--encoding-format float]
 
 One local broker (``scripts/kafka_local``), one worker (``scripts/worker_process.py``, its
 default settings), one ``kembed gateway`` process (its default settings, but listening on
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=10, help="alternating single blocks")
     parser.add_argument("--clients", type=int, default=64, help="concurrent senders")
     parser.add_argument("--batch", type=int, default=32, help="texts a throughput request")
-    parser.add_argument("--texts", type=int, default=8192, help="texts a throughput round")
+    parser.add_argument("--texts", type=int, default=4096, help="texts a throughput round")
     parser.add_argument("--rounds", type=int, default=2, help="throughput rounds a path")
     parser.add_argument(
         "--encoding-format", default="float", choices=["float", "base64"], help="HTTP answers"
@@ -426,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
         "argv": sys.argv[1:] if argv is None else argv,
         **{k: v for k, v in plan.__dict__.items() if k != "texts"},
     }
+    for log in ("worker.log", "gateway.log"):
+        # The readiness checks read these logs: a reused --out must not answer for this run.
+        (out / log).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="kembed-gateway-") as tmp:
         topics = (*DEFAULT_TOPICS, TopicSpec(GATEWAY_RESULTS, 1), TopicSpec(SDK_RESULTS, 1))
         with LocalKafka(Path(tmp) / "kafka", topics=topics) as kafka:
