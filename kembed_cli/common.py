@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from kembed_shared.settings import SECURITY_FIELDS, KafkaClientSettings, describe_errors
+from kembed_shared.settings import KafkaClientSettings, describe_errors, security_options
 
 __all__ = [
     "add_settings_flags",
@@ -83,11 +83,6 @@ def settings_from(model: type[_S], args: argparse.Namespace, command: str) -> _S
         # Never print pydantic's own text: it repeats the inputs, secrets included.
         print(f"kembed {command}: invalid settings:\n{describe_errors(exc)}", file=sys.stderr)
         return None
-
-
-def security_options(kafka: KafkaClientSettings) -> dict[str, Any]:
-    """The security settings as :class:`producer_sdk.ClientConfig` keyword arguments."""
-    return {name: getattr(kafka, name) for name in SECURITY_FIELDS}
 
 
 def positive_int(text: str) -> int:

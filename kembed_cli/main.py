@@ -7,11 +7,12 @@
     kembed status [--json]             the consumer group: members, assignment, lag
     kembed models [--json]             the models live workers announce (the catalog)
     kembed sink --target URI [...]     upsert results into pgvector or Milvus (sink/)
+    kembed gateway [--flag value ...]  OpenAI- and TEI-shaped HTTP APIs (gateway/)
 
 Each subcommand is a module of :mod:`kembed_cli.commands` with ``add_parser`` and ``run``;
 only the module of the subcommand being run is imported, so ``kembed embed`` never loads
 the worker, and a subcommand whose extra is not installed (``kembed[worker]``,
-``kembed[sink]``) says so in one line and exits 2.
+``kembed[sink]``, ``kembed[gateway]``) says so in one line and exits 2.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "status": "show the consumer group: members, partition assignment, lag and backlog",
     "models": "list the models the workers serve (the model catalog)",
     "sink": "consume results and upsert them into PostgreSQL/pgvector or Milvus",
+    "gateway": "serve OpenAI's and TEI's embedding APIs over HTTP, in front of Kafka",
 }
 """Subcommand -> one line of help; the module is ``kembed_cli.commands.<subcommand>``."""
 
