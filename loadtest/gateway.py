@@ -14,8 +14,8 @@ process as the load generator. The worker is measured once its start-up tuning i
   ``POST /v1/embeddings`` on one keep-alive ``httpx.AsyncClient`` connection, and
   ``EmbedClient.embed()`` in this process; in ``--blocks`` blocks, the two paths
   alternating block by block (and which goes first alternating too), each block's texts
-  the same on both. p50 / p95 / p99 per path, and the gateway's p50 minus the SDK's
-  (target: at most 3 ms).
+  the same on both. p50 / p95 / p99 per path, the gateway's p50 minus the SDK's
+  (target: at most 3 ms), and the CPU time each process spent per request.
 - throughput: ``--texts`` texts in requests of ``--batch``, sent by ``--clients``
   concurrent senders (HTTP clients on one httpx pool of that many connections, or
   ``embed()`` calls on one ``EmbedClient``), each sender taking the next request when its
@@ -170,13 +170,16 @@ def report_markdown(figures: dict[str, Any]) -> str:
         f"## Single text, sequential ({single[GATEWAY]['n']} requests a path, "
         f"{figures['blocks']} alternating blocks)",
         "",
-        "| path | p50 ms | p95 ms | p99 ms | mean ms |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| path | p50 ms | p95 ms | p99 ms | mean ms | CPU ms per request: "
+        "worker / broker / gateway / load generator |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for path, label in ((GATEWAY, "gateway (httpx, keep-alive)"), (SDK, "SDK `embed()`")):
         p = single[path]
+        cpu = p["cpu_ms_per_request"]
         lines.append(
-            f"| {label} | {p['p50']:.2f} | {p['p95']:.2f} | {p['p99']:.2f} | {p['mean']:.2f} |"
+            f"| {label} | {p['p50']:.2f} | {p['p95']:.2f} | {p['p99']:.2f} | {p['mean']:.2f} "
+            f"| {' / '.join(f'{cpu[name]:.2f}' for name in CPU_PROCESSES)} |"
         )
     lines += [
         "",
@@ -345,10 +348,14 @@ async def measure(
         print("warmed up", file=sys.stderr, flush=True)
 
         single: dict[str, list[float]] = {path: [] for path in PATHS}
+        single_cpu = {path: dict.fromkeys(pids, 0.0) for path in PATHS}
         texts = [sentences[(7919 * i) % len(sentences)] for i in range(plan.requests)]
         for turn, block in enumerate(split_blocks(texts, plan.blocks)):
             for path in order(PATHS, turn):
+                before = cputime.sample(pids)
                 single[path] += await sequential(calls[path], block)
+                for name, seconds in cputime.usage(before, cputime.sample(pids)).items():
+                    single_cpu[path][name] += seconds
         print(
             "single: "
             + ", ".join(f"{p} p50 {percentiles(single[p])['p50']:.2f} ms" for p in PATHS),
@@ -391,7 +398,16 @@ async def measure(
     throughput["ratio"] = throughput[GATEWAY]["texts_per_s"] / throughput[SDK]["texts_per_s"]
     return {
         "model": model,
-        "single": {path: percentiles(single[path]) for path in PATHS},
+        "single": {
+            path: {
+                **percentiles(single[path]),
+                "cpu_ms_per_request": {
+                    name: seconds * 1000 / len(single[path])
+                    for name, seconds in single_cpu[path].items()
+                },
+            }
+            for path in PATHS
+        },
         "throughput": throughput,
     }
 

@@ -86,8 +86,16 @@ async def test_sequential_times_each_request() -> None:
 
 
 def _figures(gateway_p50: float, sdk_p50: float, ratio: float) -> dict[str, Any]:
-    def single(p50: float) -> dict[str, float]:
-        return {"n": 40, "p50": p50, "p95": p50 + 1, "p99": p50 + 2, "mean": p50 + 0.5}
+    def single(p50: float) -> dict[str, Any]:
+        cpu = {"worker": 5.0, "broker": 1.0, "gateway": 0.5, "loadgen": 0.25}
+        return {
+            "n": 40,
+            "p50": p50,
+            "p95": p50 + 1,
+            "p99": p50 + 2,
+            "mean": p50 + 0.5,
+            "cpu_ms_per_request": cpu,
+        }
 
     def rate(texts_per_s: float) -> dict[str, Any]:
         cpu = {"worker": 900.0, "broker": 100.0, "gateway": 50.0, "loadgen": 40.0}
@@ -130,4 +138,5 @@ def test_the_report_names_the_command_and_a_missed_target() -> None:
     assert "| single-text p50: gateway minus SDK (ms) | 4.00 | <= 3 | MISSED |" in text
     assert "| >= 0.9 | met |" in text
     assert "| gateway | 475 | 475 | 900 / 100 / 50 / 40 |" in text
+    assert "| 14.00 | 15.00 | 16.00 | 14.50 | 5.00 / 1.00 / 0.50 / 0.25 |" in text
     assert "Gateway / SDK: **0.95x**." in text
