@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import asynccontextmanager
-from importlib import metadata
 from typing import Any
 
 import structlog
@@ -31,6 +30,7 @@ from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.service import Gateway, GatewayClient
 from gateway.settings import GatewaySettings
 from kembed_shared.settings import KafkaClientSettings, security_options
+from kembed_shared.version import kembed_version
 from producer_sdk import EmbedClient
 
 __all__ = ["API_ENDPOINTS", "CLIENT_ID", "ClientFactory", "Guard", "create_app"]
@@ -108,7 +108,7 @@ def create_app(
 
     app = FastAPI(
         title="kembed gateway",
-        version=_version(),
+        version=kembed_version(),
         description="OpenAI- and text-embeddings-inference-shaped embedding APIs in front "
         "of a kembed fleet on Kafka.",
         lifespan=lifespan,
@@ -299,10 +299,3 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
-
-
-def _version() -> str:
-    try:
-        return metadata.version("kembed")
-    except metadata.PackageNotFoundError:
-        return "0"

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.common import Service, refuse_token_ids, texts_of
 from gateway.errors import from_sdk
-from gateway.service import EmbedCall
+from gateway.service import EmbedOptions
 from producer_sdk.errors import KembedError
 
 __all__ = [
@@ -86,9 +86,9 @@ router = APIRouter(prefix="/v1", tags=["OpenAI"])
 async def create_embeddings(body: EmbeddingRequest, request: Request, gateway: Service) -> Response:
     """Embed ``input`` with ``model``; one embedding per input, in order."""
     texts = texts_of(body.input, request)
-    outcome = await gateway.embed(
-        EmbedCall(texts=texts, model=body.model, dimensions=body.dimensions)
-    )
+    # truncate false: an input over the model's limit is an error, as with OpenAI
+    options = EmbedOptions(model=body.model, truncate=False, dimensions=body.dimensions)
+    outcome = await gateway.embed(texts, options)
     request.state.model = outcome.model
     vectors = outcome.embeddings.vectors
     rows: list[Any]

@@ -8,10 +8,11 @@ at most ``timeout_s`` (which the SDK sends as the request's ``deadline_ms``).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypedDict, Unpack
 
 import structlog
 
@@ -23,11 +24,13 @@ from producer_sdk.catalog import CatalogModel
 from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import EmbedTimeoutError, KembedError
 
-__all__ = ["EmbedCall", "Gateway", "GatewayClient"]
+__all__ = ["EmbedOptions", "Gateway", "GatewayClient", "Outcome"]
 
 log = structlog.get_logger("kembed.gateway")
 
 _RETRY_AFTER_S = "1"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""JSON can carry lone surrogates (``"\\udc80"``), which no UTF-8 message can."""
 _MAX_NAME_SHOWN = 200
 
 
@@ -41,31 +44,20 @@ class GatewayClient(Protocol):
     async def models(self, timeout: float | None = None) -> list[CatalogModel]: ...
 
     async def embed_result(
-        self,
-        texts: Sequence[str],
-        *,
-        timeout: float | None = None,
-        model: str | None = None,
-        normalize: bool = True,
-        truncate: bool = True,
-        dimensions: int | None = None,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-        truncation_direction: Literal["right", "left"] | None = None,
+        self, texts: Sequence[str], *, timeout: float | None = None, **options: Unpack[EmbedOptions]
     ) -> Embeddings: ...
 
 
-@dataclass(frozen=True, slots=True)
-class EmbedCall:
-    """One embedding request, as both APIs describe it."""
+class EmbedOptions(TypedDict, total=False):
+    """How to embed, as both APIs describe it: keyword arguments of
+    :meth:`producer_sdk.EmbedClient.embed_result`."""
 
-    texts: Sequence[str]
     model: str | None
-    normalize: bool = True
-    truncate: bool = False
-    dimensions: int | None = None
-    prompt_name: str | None = None
-    truncation_direction: Literal["right", "left"] | None = None
+    normalize: bool
+    truncate: bool
+    dimensions: int | None
+    prompt_name: str | None
+    truncation_direction: Literal["right", "left"] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,16 +96,16 @@ class Gateway:
         for index, text in enumerate(texts):
             if not text:
                 raise ApiError("invalid_request", f"input[{index}] is empty", param="input")
-            if not text.isascii() and not _is_utf8(text):
+            if not text.isascii() and _SURROGATE.search(text):
                 raise ApiError(
                     "invalid_request",
                     f"input[{index}] is not valid Unicode text (it holds a lone surrogate)",
                     param="input",
                 )
 
-    async def embed(self, call: EmbedCall) -> Outcome:
-        """The result of ``call``; raises ApiError for everything that is not one."""
-        self.check_inputs(call.texts)
+    async def embed(self, texts: Sequence[str], options: EmbedOptions) -> Outcome:
+        """The result for ``texts``; raises ApiError for everything that is not one."""
+        self.check_inputs(texts)
         if self.in_flight >= self.settings.max_in_flight:
             raise ApiError(
                 "overloaded",
@@ -124,16 +116,17 @@ class Gateway:
         self.in_flight += 1
         self.metrics.in_flight.inc()
         try:
-            return await self._embed(call)
+            return await self._embed(texts, options)
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
 
-    async def _embed(self, call: EmbedCall) -> Outcome:
+    async def _embed(self, texts: Sequence[str], options: EmbedOptions) -> Outcome:
         deadline = time.monotonic() + self.settings.timeout_s
-        name = await self._model_name(call.model)
+        model = options.get("model")
+        name = await self._model_name(model)
         try:
-            result = await self._call(call, deadline)
+            result = await self._call(texts, options, deadline)
         except ApiError as error:
             error.model = name
             raise
@@ -154,20 +147,15 @@ class Gateway:
             )
         return entry.name
 
-    async def _call(self, call: EmbedCall, deadline: float) -> Embeddings:
+    async def _call(
+        self, texts: Sequence[str], options: EmbedOptions, deadline: float
+    ) -> Embeddings:
         try:
-            return await self.client.embed_result(
-                call.texts,
-                timeout=max(deadline - time.monotonic(), 0.001),
-                model=call.model,
-                normalize=call.normalize,
-                truncate=call.truncate,
-                dimensions=call.dimensions,
-                prompt_name=call.prompt_name,
-                truncation_direction=call.truncation_direction,
-            )
+            wait = max(deadline - time.monotonic(), 0.001)
+            return await self.client.embed_result(texts, timeout=wait, **options)
         except EmbedTimeoutError as exc:
-            raise from_sdk(exc, workers_live=await self._serving(call.model)) from None
+            live = await self._serving(options.get("model"))
+            raise from_sdk(exc, workers_live=live) from None
         except KembedError as exc:
             raise _failed(from_sdk(exc), exc) from None
         except Exception as exc:  # noqa: BLE001 (any other failure is a 500, logged once)
@@ -190,15 +178,6 @@ class Gateway:
         if model is not None:
             return any(entry.serves(model) for entry in models)
         return any(self.settings.requests_topic in entry.topics for entry in models)
-
-
-def _is_utf8(text: str) -> bool:
-    """JSON can carry lone surrogates (``"\\udc80"``), which no UTF-8 message can."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _failed(answer: ApiError, error: KembedError) -> ApiError:

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.common import Service, refuse_token_ids, texts_of
-from gateway.service import EmbedCall
+from gateway.service import EmbedOptions
 
 __all__ = ["TeiEmbedRequest", "router"]
 
@@ -47,17 +47,15 @@ async def embed(body: TeiEmbedRequest, request: Request, gateway: Service) -> Re
     direction: Literal["right", "left"] = (
         "left" if body.truncation_direction.lower() == "left" else "right"
     )
-    outcome = await gateway.embed(
-        EmbedCall(
-            texts=texts,
-            model=gateway.settings.model,
-            normalize=body.normalize,
-            truncate=body.truncate,
-            dimensions=body.dimensions,
-            prompt_name=body.prompt_name,
-            truncation_direction=direction,
-        )
+    options = EmbedOptions(
+        model=gateway.settings.model,
+        normalize=body.normalize,
+        truncate=body.truncate,
+        dimensions=body.dimensions,
+        prompt_name=body.prompt_name,
+        truncation_direction=direction,
     )
+    outcome = await gateway.embed(texts, options)
     request.state.model = outcome.model
     rows = outcome.embeddings.vectors.tolist()
     return Response(json.dumps(rows, separators=(",", ":")), media_type="application/json")

@@ -21,10 +21,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from typing import Any, Protocol, cast
 
 from kembed_cli.extras import MissingExtraError
+from kembed_shared.version import kembed_version
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -90,7 +90,9 @@ def _parser(chosen: tuple[str, Command] | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kembed", description="Kafka-native text-embedding service."
     )
-    parser.add_argument("--version", action="version", version=f"kembed {_version()}")
+    parser.add_argument(
+        "--version", action="version", version=f"kembed {kembed_version('(not installed)')}"
+    )
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, summary in COMMANDS.items():
         if chosen is not None and chosen[0] == name:
@@ -98,10 +100,3 @@ def _parser(chosen: tuple[str, Command] | None) -> argparse.ArgumentParser:
         else:
             subcommands.add_parser(name, help=summary)
     return parser
-
-
-def _version() -> str:
-    try:
-        return metadata.version("kembed")
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
