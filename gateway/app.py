@@ -176,7 +176,12 @@ async def _invalid(request: Request, error: RequestValidationError) -> JSONRespo
     if kind == "json_invalid":
         message, param = "the body is not valid JSON", None
     elif not where:
-        message, param = "the body must be a JSON object", None
+        content_type = request.headers.get("content-type", "")
+        if "json" not in content_type:
+            message = "send the body as JSON, with 'Content-Type: application/json'"
+        else:
+            message = "the body must be a JSON object"
+        param = None
     else:
         param = where[0]  # the field; pydantic's loc goes on into union members and items
         message = f"{param}: {str(first.get('msg', 'invalid')).removeprefix('Value error, ')}"

@@ -2,8 +2,9 @@
 
 Every embedding request checks its model against the catalog, and ``/ready`` asks whether
 any model is live; one read (a short-lived Kafka consumer) serves them all for
-``max_age_s``. Concurrent callers share the read in flight, and a failed read is cached as
-long as a good one, so an unreachable Kafka is not asked again by every request.
+``max_age_s``, and a request whose model the cache knows never waits for one. Concurrent
+callers share the read in flight, and a failed read is cached as long as a good one, so an
+unreachable Kafka is not asked again by every request.
 """
 
 from __future__ import annotations
@@ -39,23 +40,36 @@ class CatalogCache:
         """The live models, read again when the last read is older than ``max_age_s``
         (default the cache's); raises what the last read raised (CatalogUnavailableError
         when Kafka did not answer)."""
-        limit = self._max_age_s if max_age_s is None else max_age_s
-        if self._read_at is None or self._clock() - self._read_at >= limit:
-            if self._reading is None or self._reading.done():
-                self._reading = asyncio.create_task(self._refresh(), name="gateway-catalog")
-            await asyncio.shield(self._reading)
+        if self._older_than(self._max_age_s if max_age_s is None else max_age_s):
+            await asyncio.shield(self._refresh_in_flight())
         if self._error is not None:
             raise self._error
         return self._models
 
     async def find(self, model: str) -> CatalogModel | None:
-        """The live model ``model`` names (by name or alias). A name the cached catalog
-        lacks is looked up again in a catalog at most a second old, so a model that just
-        came up is found."""
+        """The live model ``model`` names (by name or alias). A model the cache holds is
+        answered at once, the cache refreshed in the background when old (so no request
+        waits for a catalog read while its model is known); one the cache lacks is looked
+        up in a catalog at most a second old, so a model that just came up is found."""
+        if self._read_at is not None and self._error is None:
+            entry = resolve(self._models, model)
+            if entry is not None:
+                if self._older_than(self._max_age_s):
+                    self._refresh_in_flight()
+                return entry
         entry = resolve(await self.models(), model)
         if entry is None:
             entry = resolve(await self.models(max_age_s=1.0), model)
         return entry
+
+    def _older_than(self, seconds: float) -> bool:
+        return self._read_at is None or self._clock() - self._read_at >= seconds
+
+    def _refresh_in_flight(self) -> asyncio.Task[None]:
+        """The read in flight, or a new one: one read at a time."""
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.create_task(self._refresh(), name="gateway-catalog")
+        return self._reading
 
     async def close(self) -> None:
         if self._reading is not None and not self._reading.done():

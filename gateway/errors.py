@@ -135,7 +135,7 @@ def from_sdk(error: KembedError, *, workers_live: bool = True) -> ApiError:
     if isinstance(error, EmbedError):
         code = WIRE_CODES.get(error.code, "internal")
         where = f" (input {error.index})" if error.index is not None else ""
-        param = "input" if code in ("invalid_request", "input_too_long") else None
+        param = "input" if error.index is not None or code == "input_too_long" else None
         if code == "internal":
             return ApiError(code, "the worker failed to embed the request; it may succeed again")
         return ApiError(code, f"{error.message}{where}", param=param)

@@ -10,6 +10,8 @@ without bodies).
 from __future__ import annotations
 
 import argparse
+import signal
+from types import FrameType
 from typing import Any
 
 from gateway.settings import GatewaySettings
@@ -61,7 +63,19 @@ def serve(settings: GatewaySettings, kafka: KafkaClientSettings) -> int:
     server = uvicorn.Server(config)
 
     def gateway() -> int:
-        server.run()
+        # uvicorn drains on SIGTERM/SIGINT, restores the handlers it found and raises the
+        # signal again; with these no-op handlers a drained gateway then exits 0, as the
+        # worker and the sink do.
+        for stop in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(stop, _ignore)
+        try:
+            server.run()
+        except SystemExit:  # uvicorn's answer to a failed start-up (logged before)
+            return ExitCode.FAILED
         return ExitCode.OK if server.started else ExitCode.FAILED
 
     return run_to_exit("gateway", gateway)
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """A signal that arrives after uvicorn has drained: nothing is left to stop."""

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import re
+import subprocess
+import sys
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -148,11 +151,22 @@ async def served(
             yield http, FakeClient.made[-1]
 
 
-def openai_error(answer: httpx.Response) -> dict[str, Any]:
+_ANY = object()
+
+
+def openai_error(
+    answer: httpx.Response, status: int, code: str, kind: str, param: object = _ANY
+) -> dict[str, Any]:
+    """The error of an OpenAI-shaped answer, checked: its status, its body's shape, its
+    ``code`` and ``type`` (and ``param``, when given)."""
+    assert answer.status_code == status, answer.text
     body: dict[str, Any] = answer.json()
     assert set(body) == {"error"}
     assert set(body["error"]) == {"message", "type", "param", "code"}
     error: dict[str, Any] = body["error"]
+    assert (error["code"], error["type"]) == (code, kind)
+    if param is not _ANY:
+        assert error["param"] == param
     return error
 
 
@@ -220,6 +234,25 @@ def test_kembed_gateway_with_an_unreadable_key_file_exits_2(
 ) -> None:
     assert main(["gateway", "--api-keys-file", str(tmp_path / "absent")]) == 2
     assert "api_keys_file" in capsys.readouterr().err
+
+
+def test_kembed_gateway_exits_1_with_one_event_when_kafka_cannot_be_reached() -> None:
+    """The client starts in the app's lifespan; uvicorn's failed start-up is exit 1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "kembed_cli", "gateway", "--port", "0", "--log-format", "json"],
+        cwd=ROOT,
+        env={**env, "KEMBED_BOOTSTRAP_SERVERS": "127.0.0.1:1", "KEMBED_GATEWAY_API_KEYS": KEY},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    (failed,) = [event for event in events if event["event"] == "gateway.kafka_failed"]
+    assert failed["bootstrap_servers"] == "127.0.0.1:1"
+    assert KEY not in done.stderr
 
 
 # ---------------------------------------------------------------------- the errors table
@@ -381,13 +414,7 @@ async def test_token_id_arrays_are_refused_with_400(tokens: list[Any]) -> None:
     async with served() as (http, fake):
         answer = await http.post("/v1/embeddings", json={"model": MODEL, "input": tokens})
         tei = await http.post("/embed", json={"inputs": tokens})
-    assert answer.status_code == 400
-    error = openai_error(answer)
-    assert (error["code"], error["type"], error["param"]) == (
-        "invalid_request",
-        "invalid_request_error",
-        "input",
-    )
+    error = openai_error(answer, 400, "invalid_request", "invalid_request_error", param="input")
     assert "token ids are not supported" in error["message"]
     assert tei.status_code == 422
     assert tei_error(tei)["error_type"] == "Validation"
@@ -410,13 +437,7 @@ async def test_invalid_requests_are_400_naming_the_field_without_repeating_it(
 ) -> None:
     async with served() as (http, fake):
         answer = await http.post("/v1/embeddings", json=body)
-    assert answer.status_code == 400
-    error = openai_error(answer)
-    assert (error["code"], error["type"], error["param"]) == (
-        "invalid_request",
-        "invalid_request_error",
-        param,
-    )
+    openai_error(answer, 400, "invalid_request", "invalid_request_error", param=param)
     assert "SECRET-FORMAT" not in answer.text
     assert fake.calls == []
 
@@ -427,9 +448,7 @@ async def test_a_lone_surrogate_is_400() -> None:
         answer = await http.post(
             "/v1/embeddings", content=body, headers={"content-type": "application/json"}
         )
-    assert answer.status_code == 400
-    error = openai_error(answer)
-    assert (error["code"], error["param"]) == ("invalid_request", "input")
+    error = openai_error(answer, 400, "invalid_request", "invalid_request_error", param="input")
     assert "surrogate" in error["message"]
     assert "private" not in answer.text
     assert fake.calls == []
@@ -440,23 +459,27 @@ async def test_a_body_that_is_not_json_is_400_or_tei_422() -> None:
     async with served() as (http, _):
         answer = await http.post("/v1/embeddings", content=b"{not json", headers=headers)
         tei = await http.post("/embed", content=b"[1, 2", headers=headers)
-    assert answer.status_code == 400
-    assert openai_error(answer)["code"] == "invalid_request"
+    openai_error(answer, 400, "invalid_request", "invalid_request_error")
     assert tei.status_code == 422
     assert tei_error(tei)["error_type"] == "Validation"
+
+
+async def test_a_body_sent_as_a_form_is_400_saying_to_send_json() -> None:
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    async with served() as (http, _):
+        answer = await http.post("/v1/embeddings", content=b'{"input": "x"}', headers=form)
+        array = await http.post("/v1/embeddings", json=["x"])
+    error = openai_error(answer, 400, "invalid_request", "invalid_request_error", param=None)
+    assert "Content-Type: application/json" in error["message"]
+    error = openai_error(array, 400, "invalid_request", "invalid_request_error", param=None)
+    assert error["message"] == "the body must be a JSON object"
 
 
 async def test_an_unknown_model_is_404_before_anything_is_sent() -> None:
     async with served() as (http, fake):
         answer = await http.post("/v1/embeddings", json={"model": "nope/model", "input": "x"})
         reads = fake.catalog_reads
-    assert answer.status_code == 404
-    error = openai_error(answer)
-    assert (error["code"], error["type"], error["param"]) == (
-        "model_not_found",
-        "invalid_request_error",
-        "model",
-    )
+    error = openai_error(answer, 404, "model_not_found", "invalid_request_error", param="model")
     assert "nope/model" in error["message"]
     assert fake.calls == []
     assert reads >= 1
@@ -497,9 +520,7 @@ async def test_a_workers_error_result_is_the_documented_status_and_body(
         fake.error = EmbedError(wire, "the worker's words", index=1)
         answer = await http.post("/v1/embeddings", json={"model": MODEL, "input": ["a", "b"]})
         tei = await http.post("/embed", json={"inputs": ["a", "b"]})
-    assert answer.status_code == status
-    error = openai_error(answer)
-    assert (error["code"], error["type"]) == (code, kind)
+    error = openai_error(answer, status, code, kind)
     assert tei.status_code == tei_status
     assert tei_error(tei)["error_type"] == tei_kind
     if status < 500:
@@ -514,9 +535,7 @@ async def test_a_timeout_with_a_live_worker_is_504_and_with_none_503() -> None:
         fake.catalog = []  # every worker stopped meanwhile
         await asyncio.sleep(1.0)  # the catalog is read again when older than a second
         gone = await http.post("/embed", json={"inputs": "x"})
-    assert slow.status_code == 504
-    error = openai_error(slow)
-    assert (error["code"], error["type"]) == ("deadline_exceeded", "server_error")
+    openai_error(slow, 504, "deadline_exceeded", "server_error")
     assert (tei_slow.status_code, tei_error(tei_slow)["error_type"]) == (504, "Unhealthy")
     assert (gone.status_code, tei_error(gone)["error_type"]) == (503, "Unhealthy")
     assert fake.calls[0][1]["timeout"] == pytest.approx(2.5, abs=0.5)
@@ -532,9 +551,7 @@ async def test_a_timeout_for_a_model_no_worker_serves_any_more_is_503_no_worker(
         await asyncio.sleep(1.0)  # the catalog is read again when older than a second
         fake.gate.set()
         answer = await call
-    assert answer.status_code == 503
-    error = openai_error(answer)
-    assert (error["code"], error["type"]) == ("no_worker", "server_error")
+    openai_error(answer, 503, "no_worker", "server_error")
 
 
 @pytest.mark.parametrize(
@@ -552,8 +569,7 @@ async def test_sdk_exceptions_are_the_documented_status(
     async with served() as (http, fake):
         fake.error = error
         answer = await http.post("/v1/embeddings", json={"model": MODEL, "input": "x"})
-    assert answer.status_code == status
-    assert openai_error(answer)["code"] == code
+    openai_error(answer, status, code, "invalid_request_error" if status < 500 else "server_error")
     assert "User:gw" not in answer.text
     assert "a bug" not in answer.text
 
@@ -564,9 +580,7 @@ async def test_an_unreadable_catalog_is_503_for_embeddings_and_models() -> None:
         answer = await http.post("/v1/embeddings", json={"model": MODEL, "input": "x"})
         models = await http.get("/v1/models")
     for each in (answer, models):
-        assert each.status_code == 503
-        error = openai_error(each)
-        assert (error["code"], error["type"]) == ("kafka_unavailable", "server_error")
+        openai_error(each, 503, "kafka_unavailable", "server_error")
 
 
 # ---------------------------------------------------------------------- TEI
@@ -642,10 +656,8 @@ async def test_api_keys_missing_wrong_and_right(tmp_path: Path) -> None:
         listed = await http.get("/v1/models", headers=bearer(KEY))
         public = [await http.get(path) for path in ("/health", "/ready", "/metrics")]
     for refused in (missing, wrong, basic, models, docs):
-        assert refused.status_code == 401
+        openai_error(refused, 401, "invalid_api_key", "invalid_request_error")
         assert refused.headers["www-authenticate"] == "Bearer"
-        error = openai_error(refused)
-        assert (error["code"], error["type"]) == ("invalid_api_key", "invalid_request_error")
         assert KEY not in refused.text
     assert (tei.status_code, tei_error(tei)["error_type"]) == (401, "Validation")
     for allowed in (right, other, from_file, listed, *public):
@@ -684,9 +696,7 @@ async def test_a_body_over_the_limit_is_413_by_its_length_or_as_it_streams() -> 
         tei = await http.post("/embed", json={"inputs": "x" * 2_000})
         streamed = await http.post("/v1/embeddings", content=chunks())
         small = await http.post("/v1/embeddings", json={"model": MODEL, "input": "x" * 900})
-    assert declared.status_code == 413
-    error = openai_error(declared)
-    assert (error["code"], error["type"]) == ("request_too_large", "invalid_request_error")
+    openai_error(declared, 413, "request_too_large", "invalid_request_error")
     assert (tei.status_code, tei_error(tei)["error_type"]) == (413, "Validation")
     assert streamed.status_code == 413
     assert "content-length" not in streamed.request.headers
@@ -699,13 +709,7 @@ async def test_more_inputs_than_max_inputs_is_400_or_tei_413() -> None:
         answer = await http.post("/v1/embeddings", json={"model": MODEL, "input": ["a"] * 4})
         tei = await http.post("/embed", json={"inputs": ["a"] * 4})
         three = await http.post("/v1/embeddings", json={"model": MODEL, "input": ["a"] * 3})
-    assert answer.status_code == 400
-    error = openai_error(answer)
-    assert (error["code"], error["type"], error["param"]) == (
-        "too_many_inputs",
-        "invalid_request_error",
-        "input",
-    )
+    openai_error(answer, 400, "too_many_inputs", "invalid_request_error", param="input")
     assert (tei.status_code, tei_error(tei)["error_type"]) == (413, "Validation")
     assert three.status_code == 200
     assert len(fake.calls) == 1
@@ -724,10 +728,8 @@ async def test_past_max_in_flight_a_request_is_429_at_once_with_retry_after() ->
         fake.gate.set()
         answers = await asyncio.gather(*waiting)
         after = await http.post("/v1/embeddings", json=body)
-    assert refused.status_code == 429
+    openai_error(refused, 429, "overloaded", "rate_limit_error")
     assert refused.headers["retry-after"] == "1"
-    error = openai_error(refused)
-    assert (error["code"], error["type"]) == ("overloaded", "rate_limit_error")
     assert (tei.status_code, tei_error(tei)["error_type"]) == (429, "Overloaded")
     assert tei.headers["retry-after"] == "1"
     assert gauge == 2
@@ -823,12 +825,19 @@ async def test_the_catalog_cache_shares_one_read_and_keeps_a_failure_as_long() -
     assert len(reads) == 1
     assert (await cache.find("absent")) is None  # older than a second: read again
     assert len(reads) == 2
-    now[0] = 6.0
+    now[0] = 6.0  # old: a known model is answered from the cache, and a read starts
+    gate.clear()
+    assert (await cache.find(MODEL)) is not None
+    await asyncio.sleep(0)  # the background read starts
+    assert len(reads) == 3
     failing[0] = True
+    gate.set()
     with pytest.raises(CatalogUnavailableError):
-        await cache.models()
+        await cache.models()  # the read in flight failed
     with pytest.raises(CatalogUnavailableError):
-        await cache.models()
+        await cache.models()  # and that is the answer until it is old
+    with pytest.raises(CatalogUnavailableError):
+        await cache.find(MODEL)
     assert len(reads) == 3
     await cache.close()
 
