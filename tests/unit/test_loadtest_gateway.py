@@ -14,6 +14,7 @@ from loadtest.gateway import (
     concurrent,
     order,
     report_markdown,
+    round_ratios,
     sequential,
     split_blocks,
     targets,
@@ -115,6 +116,7 @@ def _figures(gateway_p50: float, sdk_p50: float, ratio: float) -> dict[str, Any]
             "gateway": rate(ratio * 500),
             "sdk": rate(500.0),
             "ratio": ratio,
+            "round_ratios": [ratio],
         },
     }
 
@@ -139,4 +141,12 @@ def test_the_report_names_the_command_and_a_missed_target() -> None:
     assert "| >= 0.9 | met |" in text
     assert "| gateway | 475 | 475 | 900 / 100 / 50 / 40 |" in text
     assert "| 14.00 | 15.00 | 16.00 | 14.50 | 5.00 / 1.00 / 0.50 / 0.25 |" in text
-    assert "Gateway / SDK: **0.95x**." in text
+    assert "Gateway / SDK: **0.95x** (median of the rounds' ratios: 0.95)." in text
+
+
+def test_each_rounds_ratio_compares_the_paths_run_back_to_back() -> None:
+    # The machine got twice as fast between the rounds: per round the paths are equal.
+    assert round_ratios([200.0, 400.0], [200.0, 400.0]) == [1.0, 1.0]
+    assert round_ratios([90.0, 450.0], [100.0, 500.0]) == pytest.approx([0.9, 0.9])
+    with pytest.raises(ValueError, match="same number"):
+        round_ratios([1.0], [1.0, 2.0])
