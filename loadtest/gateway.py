@@ -24,7 +24,7 @@ process as the load generator. The worker is measured once its start-up tuning i
   gateway / SDK of each round (the two paths back to back, so that a change in the
   machine's load between rounds cancels out) and their median (target: at least 0.9), and
   the CPU time each process spent per 1,000 texts (worker, broker, gateway, this load
-  generator).
+  generator) and the mean rows of the worker's batches.
 
 Each path is warmed up first (single calls and one unmeasured throughput round). Every
 answer is checked (HTTP 200 with one vector per input; an SDK call that raises fails the
@@ -53,7 +53,7 @@ from typing import Any
 
 import httpx
 
-from loadtest import cputime
+from loadtest import batches, cputime
 from loadtest.data import stsb_sentences
 from loadtest.run import percentiles
 from producer_sdk import EmbedClient
@@ -197,16 +197,16 @@ def report_markdown(figures: dict[str, Any]) -> str:
         f"## Throughput: {figures['clients']} concurrent clients, requests of "
         f"{figures['batch']} texts, {throughput['texts']:,} texts a round",
         "",
-        "| path | texts/s, median | texts/s, each round | CPU ms per 1,000 texts: "
-        "worker / broker / gateway / load generator (median) |",
-        "| --- | ---: | --- | --- |",
+        "| path | texts/s, median | texts/s, each round | worker batch rows, median "
+        "| CPU ms per 1,000 texts: worker / broker / gateway / load generator (median) |",
+        "| --- | ---: | --- | ---: | --- |",
     ]
     for path, label in ((GATEWAY, "gateway"), (SDK, "SDK `embed()`")):
         p = throughput[path]
         cpu = p["cpu_ms_per_1000"]
         lines.append(
             f"| {label} | {p['texts_per_s']:,.0f} "
-            f"| {', '.join(f'{v:,.0f}' for v in p['rounds'])} "
+            f"| {', '.join(f'{v:,.0f}' for v in p['rounds'])} | {p['rows_per_batch']:.1f} "
             f"| {' / '.join(f'{cpu[name]:,.0f}' for name in CPU_PROCESSES)} |"
         )
     each = ", ".join(f"{r:.2f}" for r in throughput["round_ratios"])
@@ -341,8 +341,19 @@ class Plan:
     encoding_format: str
 
 
+def worker_batches(metrics_url: str) -> batches.BatchShapes:
+    """The worker's interactive-lane batch totals so far, from its /metrics."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        return batches.from_metrics(response.read().decode(), "interactive")
+
+
 async def measure(
-    plan: Plan, bootstrap: str, gateway_url: str, model: str | None, pids: dict[str, int]
+    plan: Plan,
+    bootstrap: str,
+    gateway_url: str,
+    model: str | None,
+    pids: dict[str, int],
+    metrics_url: str,
 ) -> dict[str, Any]:
     sentences = stsb_sentences()
     limits = httpx.Limits(max_connections=plan.clients, max_keepalive_connections=plan.clients)
@@ -382,12 +393,16 @@ async def measure(
         for turn in range(plan.rounds):
             body = [sentences[(turn * 4099 + i) % len(sentences)] for i in range(plan.texts)]
             for path in order(PATHS, turn):
+                shapes = worker_batches(metrics_url)
                 before = cputime.sample(pids)
                 seconds = await concurrent(calls[path], batched(body, plan.batch), plan.clients)
                 spent = cputime.usage(before, cputime.sample(pids))
+                shapes = worker_batches(metrics_url).minus(shapes)
                 rounds[path].append(
                     {
                         "seconds": seconds,
+                        "worker_batches": shapes.batches,
+                        "rows_per_batch": shapes.rows / shapes.batches if shapes.batches else 0.0,
                         "texts_per_s": plan.texts / seconds,
                         "cpu_ms_per_1000": {
                             name: cputime.cpu_ms_per_1000(s, plan.texts)
@@ -405,6 +420,7 @@ async def measure(
         throughput[path] = {
             "texts_per_s": statistics.median(r["texts_per_s"] for r in rounds[path]),
             "rounds": [r["texts_per_s"] for r in rounds[path]],
+            "rows_per_batch": statistics.median(r["rows_per_batch"] for r in rounds[path]),
             "cpu_ms_per_1000": {
                 name: statistics.median(r["cpu_ms_per_1000"][name] for r in rounds[path])
                 for name in pids
@@ -489,7 +505,14 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 figures.update(
                     asyncio.run(
-                        measure(plan, kafka.bootstrap_servers, gateway.url, args.model, pids)
+                        measure(
+                            plan,
+                            kafka.bootstrap_servers,
+                            gateway.url,
+                            args.model,
+                            pids,
+                            f"{worker.http_url}/metrics",
+                        )
                     )
                 )
             finally:

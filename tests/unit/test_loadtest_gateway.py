@@ -100,7 +100,12 @@ def _figures(gateway_p50: float, sdk_p50: float, ratio: float) -> dict[str, Any]
 
     def rate(texts_per_s: float) -> dict[str, Any]:
         cpu = {"worker": 900.0, "broker": 100.0, "gateway": 50.0, "loadgen": 40.0}
-        return {"texts_per_s": texts_per_s, "rounds": [texts_per_s], "cpu_ms_per_1000": cpu}
+        return {
+            "texts_per_s": texts_per_s,
+            "rounds": [texts_per_s],
+            "rows_per_batch": 24.5,
+            "cpu_ms_per_1000": cpu,
+        }
 
     return {
         "argv": ["--requests", "40"],
@@ -139,7 +144,7 @@ def test_the_report_names_the_command_and_a_missed_target() -> None:
     assert "`python -m loadtest.gateway --requests 40`" in text
     assert "| single-text p50: gateway minus SDK (ms) | 4.00 | <= 3 | MISSED |" in text
     assert "| >= 0.9 | met |" in text
-    assert "| gateway | 475 | 475 | 900 / 100 / 50 / 40 |" in text
+    assert "| gateway | 475 | 475 | 24.5 | 900 / 100 / 50 / 40 |" in text
     assert "| 14.00 | 15.00 | 16.00 | 14.50 | 5.00 / 1.00 / 0.50 / 0.25 |" in text
     assert "Gateway / SDK: **0.95x** (median of the rounds' ratios: 0.95)." in text
 
