@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -53,13 +52,13 @@ from typing import Any
 
 import httpx
 
-from loadtest import batches, cputime
+from loadtest import cputime
 from loadtest.data import stsb_sentences
-from loadtest.run import percentiles
+from loadtest.run import percentiles, worker_batches
 from producer_sdk import EmbedClient
 from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
 from scripts.local_server import free_port
-from scripts.worker_process import WorkerProcess
+from scripts.worker_process import WorkerProcess, stop_process
 
 __all__ = [
     "LATENCY_TARGET_MS",
@@ -153,6 +152,26 @@ def targets(figures: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _row(*cells: str) -> str:
+    return f"| {' | '.join(cells)} |"
+
+
+def _cpu_cell(cpu: dict[str, float], spec: str) -> str:
+    """CPU figures of the processes, in CPU_PROCESSES order."""
+    return " / ".join(format(cpu[name], spec) for name in CPU_PROCESSES)
+
+
+def _single_cells(p: dict[str, Any]) -> list[str]:
+    stats = [f"{p[key]:.2f}" for key in ("p50", "p95", "p99", "mean")]
+    return [*stats, _cpu_cell(p["cpu_ms_per_request"], ".2f")]
+
+
+def _throughput_cells(p: dict[str, Any]) -> list[str]:
+    each_round = ", ".join(f"{v:,.0f}" for v in p["rounds"])
+    cpu = _cpu_cell(p["cpu_ms_per_1000"], ",.0f")
+    return [f"{p['texts_per_s']:,.0f}", each_round, f"{p['rows_per_batch']:.1f}", cpu]
+
+
 def report_markdown(figures: dict[str, Any]) -> str:
     single, throughput = figures["single"], figures["throughput"]
     lines = [
@@ -185,13 +204,8 @@ def report_markdown(figures: dict[str, Any]) -> str:
         "worker / broker / gateway / load generator |",
         "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
-    for path, label in ((GATEWAY, "gateway (httpx, keep-alive)"), (SDK, "SDK `embed()`")):
-        p = single[path]
-        cpu = p["cpu_ms_per_request"]
-        lines.append(
-            f"| {label} | {p['p50']:.2f} | {p['p95']:.2f} | {p['p99']:.2f} | {p['mean']:.2f} "
-            f"| {' / '.join(f'{cpu[name]:.2f}' for name in CPU_PROCESSES)} |"
-        )
+    labels = {GATEWAY: "gateway (httpx, keep-alive)", SDK: "SDK `embed()`"}
+    lines += [_row(labels[path], *_single_cells(single[path])) for path in PATHS]
     lines += [
         "",
         f"## Throughput: {figures['clients']} concurrent clients, requests of "
@@ -201,14 +215,8 @@ def report_markdown(figures: dict[str, Any]) -> str:
         "| CPU ms per 1,000 texts: worker / broker / gateway / load generator (median) |",
         "| --- | ---: | --- | ---: | --- |",
     ]
-    for path, label in ((GATEWAY, "gateway"), (SDK, "SDK `embed()`")):
-        p = throughput[path]
-        cpu = p["cpu_ms_per_1000"]
-        lines.append(
-            f"| {label} | {p['texts_per_s']:,.0f} "
-            f"| {', '.join(f'{v:,.0f}' for v in p['rounds'])} | {p['rows_per_batch']:.1f} "
-            f"| {' / '.join(f'{cpu[name]:,.0f}' for name in CPU_PROCESSES)} |"
-        )
+    labels[GATEWAY] = "gateway"
+    lines += [_row(labels[path], *_throughput_cells(throughput[path])) for path in PATHS]
     each = ", ".join(f"{r:.2f}" for r in throughput["round_ratios"])
     lines += [
         "",
@@ -262,13 +270,7 @@ class GatewayProcess:
         raise RuntimeError(f"the gateway is not ready (exit {self.process.poll()}):\n{tail}")
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout)
         self._log.close()
 
 
@@ -341,12 +343,6 @@ class Plan:
     encoding_format: str
 
 
-def worker_batches(metrics_url: str) -> batches.BatchShapes:
-    """The worker's interactive-lane batch totals so far, from its /metrics."""
-    with urllib.request.urlopen(metrics_url, timeout=10) as response:
-        return batches.from_metrics(response.read().decode(), "interactive")
-
-
 async def measure(
     plan: Plan,
     bootstrap: str,
@@ -393,11 +389,11 @@ async def measure(
         for turn in range(plan.rounds):
             body = [sentences[(turn * 4099 + i) % len(sentences)] for i in range(plan.texts)]
             for path in order(PATHS, turn):
-                shapes = worker_batches(metrics_url)
+                shapes = worker_batches(metrics_url, "interactive")
                 before = cputime.sample(pids)
                 seconds = await concurrent(calls[path], batched(body, plan.batch), plan.clients)
                 spent = cputime.usage(before, cputime.sample(pids))
-                shapes = worker_batches(metrics_url).minus(shapes)
+                shapes = worker_batches(metrics_url, "interactive").minus(shapes)
                 rounds[path].append(
                     {
                         "seconds": seconds,
