@@ -18,8 +18,9 @@ TOKEN_IDS_REFUSED = (
 )
 
 
-def gateway_of(request: Request) -> Gateway:
-    """The gateway of the running app (set when its lifespan started)."""
+async def gateway_of(request: Request) -> Gateway:
+    """The gateway of the running app (set when its lifespan started). A coroutine, so that
+    FastAPI calls it on the event loop rather than in its thread pool on every request."""
     gateway: Gateway | None = getattr(request.app.state, "gateway", None)
     if gateway is None:
         raise ApiError("kafka_unavailable", "the gateway is not connected to Kafka yet")
