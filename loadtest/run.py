@@ -153,10 +153,10 @@ def bracketed_inprocess_cpu(
     }
 
 
-def worker_batches(metrics_url: str) -> batches.BatchShapes:
-    """The worker's bulk-lane batch totals so far, from its /metrics."""
+def worker_batches(metrics_url: str, lane: str = "bulk") -> batches.BatchShapes:
+    """The worker's batch totals of ``lane`` so far, from its /metrics."""
     with urllib.request.urlopen(metrics_url, timeout=10) as response:
-        return batches.from_metrics(response.read().decode(), "bulk")
+        return batches.from_metrics(response.read().decode(), lane)
 
 
 async def run_e2e(

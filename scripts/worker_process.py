@@ -8,11 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def variables(prefix: str, settings: Mapping[str, Any]) -> dict[str, str]:
+    """``settings`` as environment variables: ``prefix`` + the upper-cased name."""
+    return {f"{prefix}{name.upper()}": str(value) for name, value in settings.items()}
 
 
 class WorkerProcess:
@@ -30,22 +35,33 @@ class WorkerProcess:
         the worker starts (to change what the process may do); ``module`` is what
         ``python -m`` runs: ``kembed_cli`` (as ``kembed worker``), or a benchmark's
         instrumented worker (``loadtest.ceiling_worker``)."""
-        self.log_path = log_path
         env = {
-            **os.environ,
-            "KEMBED_BOOTSTRAP_SERVERS": bootstrap_servers,
             "KEMBED_LOG_FORMAT": "json",
             "HF_HUB_OFFLINE": "1",
             # Several workers may run side by side: each takes a free port for its HTTP
             # endpoint unless told otherwise (see http_url).
             "KEMBED_HTTP_PORT": "0",
+            **variables("KEMBED_", settings),
         }
-        env.update({f"KEMBED_{name.upper()}": str(value) for name, value in settings.items()})
+        args = [module, *(["worker"] if module == "kembed_cli" else [])]
+        self._run(args, bootstrap_servers, log_path, env, preexec_fn)
+
+    def _run(
+        self,
+        args: Sequence[str],
+        bootstrap_servers: str,
+        log_path: Path,
+        env: Mapping[str, str],
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
+        """Start ``python -m <args>`` in the repository root, with this environment and
+        ``env`` over it, its output appended to ``log_path``."""
+        self.log_path = log_path
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", module, *(["worker"] if module == "kembed_cli" else [])],
+            [sys.executable, "-m", *args],
             cwd=ROOT,
-            env=env,
+            env={**os.environ, "KEMBED_BOOTSTRAP_SERVERS": bootstrap_servers, **env},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             preexec_fn=preexec_fn,
@@ -108,12 +124,17 @@ class WorkerProcess:
         return f"http://127.0.0.1:{started['port']}"
 
     def stop(self, timeout: float = 60.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout)
         self._log.close()
         return self.process.returncode
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, then SIGKILL if ``process`` has not exited within ``timeout`` seconds."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

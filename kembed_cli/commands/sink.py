@@ -11,9 +11,8 @@ import argparse
 import asyncio
 from typing import Any
 
-from kembed_cli.common import add_settings_flags, settings_from
-from kembed_cli.extras import require
-from kembed_shared.observability.fatal import ExitCode, install_hooks, log_fatal, secrets_of
+from kembed_cli.common import add_service_parser, run_service, run_to_exit
+from kembed_shared.observability.fatal import install_hooks, secrets_of
 from kembed_shared.observability.logging import configure_logging
 from kembed_shared.ports import KafkaAccessError
 from kembed_shared.settings import KafkaClientSettings
@@ -29,27 +28,23 @@ EXIT_CONFIG = 2
 
 
 def add_parser(subcommands: Any, name: str, summary: str) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
+    add_service_parser(
+        subcommands,
         name,
-        help=summary,
-        description="Consume a results topic as a consumer group and upsert each vector by "
-        "its key into a PostgreSQL table with pgvector or a Milvus collection; offsets are "
-        "committed after the database transaction. Sink flags are also environment "
-        "variables KEMBED_SINK_<FLAG>; the Kafka connection flags are the worker's "
-        "(KEMBED_<FLAG>). Exit status 2 for invalid settings or an unusable target (a table "
-        "of another dimension), 1 when Kafka or the database fails.",
+        summary,
+        "Consume a results topic as a consumer group and upsert each vector by its key into "
+        "a PostgreSQL table with pgvector or a Milvus collection; offsets are committed after "
+        "the database transaction. Sink flags are also environment variables "
+        "KEMBED_SINK_<FLAG>; the Kafka connection flags are the worker's (KEMBED_<FLAG>). "
+        "Exit status 2 for invalid settings or an unusable target (a table of another "
+        "dimension), 1 when Kafka or the database fails.",
+        SinkSettings,
+        "KEMBED_SINK_",
     )
-    add_settings_flags(parser, SinkSettings, env_prefix="KEMBED_SINK_")
-    add_settings_flags(parser, KafkaClientSettings)
 
 
 def run(args: argparse.Namespace) -> int:
-    require("sink", "sink")
-    settings = settings_from(SinkSettings, args, "sink")
-    kafka = settings_from(KafkaClientSettings, args, "sink")
-    if settings is None or kafka is None:
-        return EXIT_CONFIG
-    return serve(settings, kafka)
+    return run_service("sink", SinkSettings, args, serve)
 
 
 def serve(settings: SinkSettings, kafka: KafkaClientSettings) -> int:
@@ -60,19 +55,17 @@ def serve(settings: SinkSettings, kafka: KafkaClientSettings) -> int:
 
     configure_logging(settings.log_level, settings.log_format)
     install_hooks(secrets_of(settings, kafka) + _target_secrets(settings))
-    try:
-        asyncio.run(run_sink(settings, kafka))
-    except TargetError:
-        return EXIT_CONFIG
-    except (KafkaAccessError, TransientWriteError):
-        return EXIT_FAILED
-    except KeyboardInterrupt as exc:
-        log_fatal(exc, "sink.interrupted", exit_code=int(ExitCode.INTERRUPTED))
-        return ExitCode.INTERRUPTED
-    except Exception as exc:  # noqa: BLE001 (anything else: logged, never a raw traceback)
-        log_fatal(exc, "sink.fatal", exit_code=EXIT_FAILED)
-        return EXIT_FAILED
-    return 0
+
+    def sink() -> int:
+        try:
+            asyncio.run(run_sink(settings, kafka))
+        except TargetError:
+            return EXIT_CONFIG
+        except (KafkaAccessError, TransientWriteError):
+            return EXIT_FAILED
+        return 0
+
+    return run_to_exit("sink", sink)
 
 
 def _target_secrets(settings: SinkSettings) -> tuple[str, ...]:

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from kembed_cli.common import add_settings_flags, local_models_only, settings_from
+from kembed_cli.common import add_settings_flags, local_models_only, run_to_exit, settings_from
 from kembed_cli.extras import require
 from worker.settings import WorkerSettings
 
@@ -42,19 +42,12 @@ def run(args: argparse.Namespace) -> int:
     settings = model_settings(args, "worker")
     if settings is None:
         return 2
-    from kembed_shared.observability.fatal import ExitCode, install_hooks, log_fatal, secrets_of
+    from kembed_shared.observability.fatal import install_hooks, secrets_of
 
     # From here on every way out is one log event (docs/operations.md, "Exit statuses"):
     # no raw traceback, whatever fails, the imports of torch and transformers included.
     install_hooks(secrets_of(settings))
-    try:
-        return _serve(settings)
-    except KeyboardInterrupt as exc:  # SIGINT before the worker's own handler is in place
-        log_fatal(exc, "worker.interrupted", exit_code=int(ExitCode.INTERRUPTED))
-        return ExitCode.INTERRUPTED
-    except Exception as exc:  # noqa: BLE001 (anything else: logged, never a raw traceback)
-        log_fatal(exc, exit_code=int(ExitCode.FAILED))
-        return ExitCode.FAILED
+    return run_to_exit("worker", lambda: _serve(settings))
 
 
 def _serve(settings: WorkerSettings) -> int:

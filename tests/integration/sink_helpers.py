@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from producer_sdk import EmbedClient
-from scripts.worker_process import ROOT, WorkerProcess
+from scripts.worker_process import WorkerProcess, variables
 
 
 class SinkProcess(WorkerProcess):
@@ -26,25 +25,15 @@ class SinkProcess(WorkerProcess):
     captured; ``settings`` become ``KEMBED_SINK_*`` variables."""
 
     def __init__(self, bootstrap_servers: str, log_path: Path, **settings: Any) -> None:
-        self.log_path = log_path
         env = {
-            **os.environ,
-            "KEMBED_BOOTSTRAP_SERVERS": bootstrap_servers,
             "KEMBED_SINK_LOG_FORMAT": "json",
             "KEMBED_SINK_HTTP_PORT": "0",
             # A restarted sink rejoins its group without waiting 45 s for a killed one.
             "KEMBED_SINK_SESSION_TIMEOUT_MS": "6000",
             "KEMBED_SINK_HEARTBEAT_INTERVAL_MS": "1000",
+            **variables("KEMBED_SINK_", settings),
         }
-        env.update({f"KEMBED_SINK_{name.upper()}": str(value) for name, value in settings.items()})
-        self._log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "kembed_cli", "sink"],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        self._run(["kembed_cli", "sink"], bootstrap_servers, log_path, env)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.http_url}/metrics", timeout=10) as response:

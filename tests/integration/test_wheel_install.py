@@ -45,8 +45,17 @@ pytestmark = pytest.mark.integration
 
 CACHE = Path(os.environ.get("KEMBED_CACHE_DIR") or Path.home() / ".cache" / "kembed")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-HEAVY = ("torch", "transformers", "tokenizers", "bitsandbytes", "psycopg", "pymilvus")
-"""What the base install must not bring: the worker's and the sink's extras."""
+HEAVY = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "bitsandbytes",
+    "psycopg",
+    "pymilvus",
+    "fastapi",
+    "uvicorn",
+)
+"""What the base install must not bring: the worker's, the sink's and the gateway's extras."""
 TIMEOUT = 300
 
 
@@ -201,7 +210,7 @@ def test_the_base_install_is_the_client_side_without_torch_or_databases(
     version = run([kembed, "--version"], outside, clean_env()).stdout
     assert version.strip() == f"kembed {PYPROJECT['project']['version']}"
     # Help never needs an extra: only running a worker, the gate or a sink does.
-    for command in ("embed", "ingest", "models", "status", "worker", "validate", "sink"):
+    for command in ("embed", "ingest", "models", "status", "worker", "validate", "sink", "gateway"):
         shown = run([kembed, command, "--help"], outside, clean_env())
         assert shown.stdout.startswith(f"usage: kembed {command}"), shown.stdout[:200]
 
@@ -222,6 +231,7 @@ def test_the_base_install_is_the_client_side_without_torch_or_databases(
         (["worker"], "worker"),
         (["validate", "--limit", "8"], "worker"),
         (["sink", "--target", "postgresql://localhost/kembed?table=docs"], "sink"),
+        (["gateway"], "gateway"),
     ],
 )
 def test_a_command_whose_extra_is_missing_exits_2_naming_it(

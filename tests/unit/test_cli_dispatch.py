@@ -40,7 +40,9 @@ def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]
     assert capsys.readouterr().out.startswith("kembed ")
 
 
-@pytest.mark.parametrize(("command", "extra"), [("worker", "worker"), ("sink", "sink")])
+@pytest.mark.parametrize(
+    ("command", "extra"), [("worker", "worker"), ("sink", "sink"), ("gateway", "gateway")]
+)
 def test_a_missing_extra_is_one_line_naming_it_and_exit_2(
     command: str, extra: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -65,7 +67,8 @@ def test_a_client_command_imports_neither_the_worker_nor_a_model_package() -> No
         "except SystemExit:\n"
         "    pass\n"
         "heavy = {'torch', 'transformers', 'worker.app', 'worker.pipeline', 'sink.app',"
-        " 'kembed_cli.commands.worker', 'kembed_cli.commands.sink'}\n"
+        " 'kembed_cli.commands.worker', 'kembed_cli.commands.sink', 'fastapi', 'uvicorn',"
+        " 'gateway.app'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"
     )
     done = subprocess.run(

@@ -2,7 +2,8 @@
 
 - The SDK and every subcommand's ``--help`` import none of the extras' packages (checked in
   a fresh interpreter, where sys.modules starts empty); running ``worker``/``validate``
-  without kembed[worker], or ``sink`` without kembed[sink], exits 2 with one line.
+  without kembed[worker], ``sink`` without kembed[sink], or ``gateway`` without
+  kembed[gateway], exits 2 with one line.
 - pyproject's base dependencies and extras agree with kembed_cli.extras and with
   requirements.lock (the development environment holds every extra, at versions the
   ranges accept).
@@ -36,8 +37,12 @@ HEAVY = (
     "psycopg",
     "pymilvus",
     "milvus_lite",
+    "fastapi",
+    "starlette",
+    "uvicorn",
 )
-"""Top-level modules of the worker's and the sink's extras (and the dev-only reference)."""
+"""Top-level modules of the worker's, the sink's and the gateway's extras (and the dev-only
+reference)."""
 BASE = {"aiokafka", "msgpack", "numpy", "pydantic-settings", "structlog", "prometheus-client"}
 
 _PROBE = """
@@ -79,7 +84,8 @@ def test_importing_the_sdk_loads_no_model_or_database_package() -> None:
 
 @pytest.mark.parametrize("argv", [[], ["--help"], *([name, "--help"] for name in COMMANDS)])
 def test_help_loads_no_model_or_database_package(argv: list[str]) -> None:
-    """Every subcommand's help, worker and sink included, works without any extra."""
+    """Every subcommand's help, worker, sink and gateway included, works without any
+    extra."""
     assert heavy_modules_after(argv) == []
 
 
@@ -89,6 +95,7 @@ def test_help_loads_no_model_or_database_package(argv: list[str]) -> None:
         (["worker"], "worker", "torch"),
         (["validate", "--limit", "4"], "worker", "transformers"),
         (["sink", "--target", "postgresql://localhost/db?table=docs"], "sink", "pymilvus"),
+        (["gateway"], "gateway", "uvicorn"),
     ],
 )
 def test_a_missing_extra_exits_2_with_one_line_naming_it(
@@ -126,8 +133,8 @@ def test_the_base_install_is_the_client_side_only() -> None:
 def test_all_is_every_runtime_extra() -> None:
     (everything,) = requirements("all")
     assert everything.name == PROJECT["name"]
-    assert everything.extras == set(EXTRAS) == {"worker", "sink"}
-    assert set(PROJECT["optional-dependencies"]) == {"worker", "sink", "all", "dev"}
+    assert everything.extras == set(EXTRAS) == {"worker", "sink", "gateway"}
+    assert set(PROJECT["optional-dependencies"]) == {"worker", "sink", "gateway", "all", "dev"}
 
 
 @pytest.mark.parametrize("extra", sorted(EXTRAS))
@@ -157,5 +164,23 @@ def test_requirements_lock_pins_every_dependency_and_extra_within_its_range() ->
                 name,
                 pinned[name],
             )
-            for wanted in requirement.extras:  # psycopg[binary] -> psycopg-binary
-                assert canonicalize_name(f"{name}-{wanted}") in pinned, (name, wanted)
+            for wanted in requirement.extras:
+                for needed in _extra_requirements(requirement.name, wanted):
+                    assert canonicalize_name(needed) in pinned, (name, wanted, needed)
+
+
+def _extra_requirements(distribution: str, extra: str) -> list[str]:
+    """The distributions ``distribution[extra]`` adds here (psycopg[binary]: psycopg-binary;
+    uvicorn[standard]: uvloop, httptools, ...), from the installed metadata."""
+    added = []
+    for line in metadata.requires(distribution) or []:
+        requirement = Requirement(line)
+        marker = requirement.marker
+        if (
+            marker is not None
+            and marker.evaluate({"extra": extra})
+            and not marker.evaluate({"extra": ""})
+        ):
+            added.append(requirement.name)
+    assert added, (distribution, extra)
+    return added

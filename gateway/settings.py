@@ -1,0 +1,103 @@
+"""Gateway settings: every field is an env var ``KEMBED_GATEWAY_<NAME>`` and a
+``kembed gateway`` flag (docs/gateway.md, "Settings").
+
+Where Kafka is and how to log in are the shared
+:class:`~kembed_shared.settings.KafkaClientSettings` (``KEMBED_BOOTSTRAP_SERVERS``, TLS,
+SASL), as for every kembed command. This module imports pydantic only, so that
+``kembed gateway --help`` works without the ``gateway`` extra.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Self
+
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kembed_shared import service_fields as fields
+from kembed_shared.settings import none_if_blank
+
+__all__ = ["GatewaySettings"]
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KEMBED_GATEWAY_", extra="ignore", frozen=True)
+
+    host: str = Field("0.0.0.0", description="Address to listen on.")
+    port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
+    api_keys: SecretStr | None = Field(
+        None,
+        description="Comma-separated API keys. When set (or api_keys_file), every endpoint "
+        "but /health, /ready and /metrics needs 'Authorization: Bearer <key>'. Prefer the "
+        "env var or the file to the flag; keys are never logged.",
+    )
+    api_keys_file: str | None = Field(
+        None,
+        description="A file with one API key per line (a mounted secret); joined with "
+        "api_keys. Blank lines and lines starting with # are skipped.",
+    )
+    timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Per-request timeout; it becomes the Kafka request's deadline_ms, so a "
+        "worker drops work whose caller has gone.",
+    )
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, gt=0, description="Largest request body; larger is 413."
+    )
+    max_inputs: int = Field(
+        2048, gt=0, description="Most inputs in one request; more is 400 (too_many_inputs)."
+    )
+    max_in_flight: int = Field(
+        256,
+        gt=0,
+        description="Requests waiting for a result at once; beyond it a request is answered "
+        "429 with Retry-After at once, not queued.",
+    )
+    model: str | None = Field(
+        None,
+        description="The model POST /embed (TEI, which names no model) asks for; unset: the "
+        "workers' default.",
+    )
+    requests_topic: str = Field(
+        "embed.requests",
+        description="Interactive request topic (when the catalog names no topic for a model).",
+    )
+    reply_topic: str = Field(
+        "embed.results", description="Topic the gateway reads its results from."
+    )
+    catalog_topic: str = Field("embed.models", description="The model catalog topic.")
+    log_level: fields.LogLevel = fields.log_level()
+    log_format: fields.LogFormat = fields.log_format()
+
+    _keys: tuple[str, ...] = PrivateAttr(default=())
+
+    _blank = field_validator("api_keys", "api_keys_file", "model", mode="before")(none_if_blank)
+
+    @model_validator(mode="after")
+    def _read_keys(self) -> Self:
+        keys: list[str] = []
+        if self.api_keys is not None:
+            keys += [key.strip() for key in self.api_keys.get_secret_value().split(",")]
+        if self.api_keys_file is not None:
+            try:
+                text = Path(self.api_keys_file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                # the path only: never the file's content
+                raise ValueError(
+                    f"api_keys_file {self.api_keys_file!r} cannot be read ({type(exc).__name__})"
+                ) from None
+            lines = [line.strip() for line in text.splitlines()]
+            from_file = [line for line in lines if line and not line.startswith("#")]
+            if not from_file:
+                raise ValueError(f"api_keys_file {self.api_keys_file!r} holds no key")
+            keys += from_file
+        self._keys = tuple(dict.fromkeys(key for key in keys if key))
+        if self.api_keys is not None and not self._keys:
+            raise ValueError("api_keys holds no key (comma-separated keys expected)")
+        return self
+
+    def keys(self) -> tuple[str, ...]:
+        """Every API key (from api_keys and api_keys_file); empty when auth is off."""
+        return self._keys

@@ -1,0 +1,81 @@
+"""``kembed gateway``: the OpenAI- and TEI-shaped HTTP gateway (needs kembed[gateway]).
+
+Flags come from :class:`~gateway.settings.GatewaySettings` (``KEMBED_GATEWAY_<FLAG>``) and
+the Kafka connection settings every kembed process shares (``KEMBED_<FLAG>``). uvicorn
+serves the app; its own log configuration is off, so its few lines go through our
+structlog set-up, and its access log is off (the gateway logs each API request itself,
+without bodies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from types import FrameType
+from typing import Any
+
+from gateway.settings import GatewaySettings
+from kembed_cli.common import add_service_parser, run_service, run_to_exit
+from kembed_shared.observability.fatal import ExitCode, install_hooks, secrets_of
+from kembed_shared.observability.logging import configure_logging
+from kembed_shared.settings import KafkaClientSettings
+
+__all__ = ["add_parser", "run", "serve"]
+
+
+def add_parser(subcommands: Any, name: str, summary: str) -> None:
+    add_service_parser(
+        subcommands,
+        name,
+        summary,
+        "Serve OpenAI's embeddings API (POST /v1/embeddings, GET /v1/models) and "
+        "text-embeddings-inference's POST /embed over HTTP, each request sent to the workers "
+        "through Kafka (docs/gateway.md). Gateway flags are also environment variables "
+        "KEMBED_GATEWAY_<FLAG>; the Kafka connection flags are the worker's (KEMBED_<FLAG>). "
+        "Exit status 2 for invalid settings, 1 when Kafka cannot be reached at start.",
+        GatewaySettings,
+        "KEMBED_GATEWAY_",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_service("gateway", GatewaySettings, args, serve)
+
+
+def serve(settings: GatewaySettings, kafka: KafkaClientSettings) -> int:
+    """Serve until SIGTERM or SIGINT; the exit status (1 when the server never started:
+    Kafka unreachable, logged as ``gateway.kafka_failed``, or the port taken)."""
+    import uvicorn
+
+    from gateway.app import create_app
+
+    configure_logging(settings.log_level, settings.log_format)
+    install_hooks(secrets_of(settings, kafka) + settings.keys())
+    config = uvicorn.Config(
+        create_app(settings, kafka),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+
+    def gateway() -> int:
+        # uvicorn drains on SIGTERM/SIGINT, restores the handlers it found and raises the
+        # signal again; with these no-op handlers a drained gateway then exits 0, as the
+        # worker and the sink do.
+        for stop in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(stop, _ignore)
+        try:
+            server.run()
+        except SystemExit:  # uvicorn's answer to a failed start-up (logged before)
+            return ExitCode.FAILED
+        return ExitCode.OK if server.started else ExitCode.FAILED
+
+    return run_to_exit("gateway", gateway)
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """A signal that arrives after uvicorn has drained: nothing is left to stop."""
