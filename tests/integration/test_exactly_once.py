@@ -14,6 +14,7 @@ transactions hold must be exactly what their offsets cover.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 import time
@@ -143,6 +144,36 @@ async def _committed(
         await consumer.stop()
 
 
+def _request(index: int) -> EmbedRequest:
+    return EmbedRequest(
+        id=f"{TAG}-{index:04d}",
+        inputs=_texts(index),
+        reply_to=RESULTS,
+        reply_partition=index % RESULT_PARTITIONS,
+    )
+
+
+async def _feed(
+    bootstrap: str, first: int, stop: asyncio.Event
+) -> tuple[list[EmbedRequest], dict[int, int]]:
+    """Publish a few more requests every 50 ms, numbered from ``first``, until ``stop``
+    is set (or 3 * COUNT are out); what was sent and the end offset of each partition
+    written to."""
+    sent: list[EmbedRequest] = []
+    ends: dict[int, int] = {}
+    async with producer(bootstrap) as client:
+        while not stop.is_set() and len(sent) < 3 * COUNT:
+            for _ in range(RESULT_PARTITIONS):
+                request = _request(first + len(sent))
+                value = encode_request(request)
+                meta = await (await client.send(REQUESTS, value, partition=request.reply_partition))
+                ends[meta.partition] = meta.offset + 1
+                sent.append(request)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.05)
+    return sent, ends
+
+
 async def _publish(bootstrap: str, topic: str, requests: list[EmbedRequest]) -> dict[int, int]:
     """Send ``requests`` (each to the partition numbered like its reply_partition, if it
     has one); the end offset of each partition written to."""
@@ -216,28 +247,29 @@ async def test_read_committed_sees_each_request_once_after_a_worker_is_killed(
     the group's committed offsets (written only inside transactions) reach the end of every
     request partition; and the surviving worker keeps serving read_committed SDK calls."""
     victim, survivor = workers
-    requests = [
-        EmbedRequest(
-            id=f"{TAG}-{i:04d}",
-            inputs=_texts(i),
-            reply_to=RESULTS,
-            reply_partition=i % RESULT_PARTITIONS,
-        )
-        for i in range(COUNT)
-    ]
-    wanted = {request.id for request in requests}
+    requests = [_request(i) for i in range(COUNT)]
     ends = await _publish(kafka.bootstrap_servers, REQUESTS, requests)
 
-    # Once a tenth of the answers are visible, kill the victim inside a transaction.
+    # Once a tenth of the answers are visible, kill the victim inside a transaction. More
+    # requests keep arriving meanwhile, so the victim is never idle (with no transaction
+    # open) however far it got through the first ones on a fast or a slow machine.
     await _read(
         kafka.bootstrap_servers,
         "read_uncommitted",
-        lambda ids: len(set(ids) & wanted) >= COUNT // 10,
+        lambda ids: len(set(ids) & {r.id for r in requests}) >= COUNT // 10,
         timeout=120,
     )
-    assert await _kill_in_a_transaction(kafka.bootstrap_servers, victim), (
-        "never caught the victim with a transaction open"
-    )
+    killed = asyncio.Event()
+    feeder = asyncio.create_task(_feed(kafka.bootstrap_servers, COUNT, killed))
+    try:
+        caught = await _kill_in_a_transaction(kafka.bootstrap_servers, victim)
+    finally:
+        killed.set()
+        fed, fed_ends = await feeder
+    assert caught, "never caught the victim with a transaction open"
+    requests += fed
+    ends = {p: max(ends.get(p, 0), fed_ends.get(p, 0)) for p in ends.keys() | fed_ends.keys()}
+    wanted = {request.id for request in requests}
 
     seen = await _read(
         kafka.bootstrap_servers,
