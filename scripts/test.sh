@@ -6,6 +6,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 "$root/scripts/bootstrap.sh" >/dev/null
+"$root/scripts/deploy_tools.sh" >/dev/null  # hadolint, helm, docker compose (deploy/ checks)
 bin="$root/.venv/bin"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
