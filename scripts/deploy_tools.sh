@@ -21,7 +21,9 @@ HELM_VERSION=v3.22.0
 COMPOSE_MODULE=github.com/docker/compose/v5
 COMPOSE_VERSION=v5.6.0
 
-key=$(echo "$HADOLINT_VERSION $HELM_VERSION $COMPOSE_MODULE@$COMPOSE_VERSION" | sha256sum | cut -c1-16)
+RECIPE=2  # bump when the way the tools are built changes
+key=$(echo "$RECIPE $HADOLINT_VERSION $HELM_VERSION $COMPOSE_MODULE@$COMPOSE_VERSION" \
+  | sha256sum | cut -c1-16)
 tools="$cache/tools-$key"
 mkdir -p "$tools/bin"
 export GOTOOLCHAIN=local GOFLAGS=-trimpath
@@ -38,7 +40,9 @@ command -v go >/dev/null || { echo "building helm and docker compose needs Go (g
 
 if [ ! -x "$tools/bin/helm" ]; then
   echo "==> helm $HELM_VERSION (built from its Go module, a few minutes the first time)" >&2
-  GOBIN="$tools/bin" go install -ldflags="-s -w" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  GOBIN="$tools/bin" go install \
+    -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 fi
 
 if [ ! -x "$tools/bin/docker-compose" ]; then
@@ -49,7 +53,8 @@ if [ ! -x "$tools/bin/docker-compose" ]; then
   trap 'chmod -R u+w "$work"; rm -rf "$work"' EXIT
   cp -r "$src/." "$work"
   chmod -R u+w "$work"
-  (cd "$work" && go build -ldflags="-s -w" -o "$tools/bin/docker-compose.partial" ./cmd)
+  (cd "$work" && go build \
+    -ldflags="-s -w -X $COMPOSE_MODULE/internal.Version=$COMPOSE_VERSION" -o "$tools/bin/docker-compose.partial" ./cmd)
   mv "$tools/bin/docker-compose.partial" "$tools/bin/docker-compose"
 fi
 
