@@ -372,6 +372,16 @@ def test_the_grace_period_follows_the_shutdown_timeout() -> None:
             "needs kafka.sasl.password or kafka.sasl.existingSecret",
         ),
         (["sink.enabled=true"], "sink.enabled needs sink.target"),
+        (
+            [
+                "kafka.securityProtocol=SSL",
+                "kafka.tls.caConfigMap=ca",
+                "worker.keda.enabled=true",
+            ],
+            "KEDA's kafka trigger reads the CA from a Secret",
+        ),
+        (["gateway.resources.requests.cpu=null"], "set gateway.resources.requests.cpu"),
+        (["worker.replicas=-1"], "minimum: got -1, want 0"),
         (["worker.kind=DaemonSet"], "value must be one of 'StatefulSet', 'Deployment'"),
         (["worker.replica=3"], "additional properties 'replica' not allowed"),
         (
