@@ -9,6 +9,7 @@ their schemas."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from collections.abc import Iterator
@@ -68,6 +69,8 @@ CHART_SECRETS = [
     "gateway.apiKeys.keys={sk-one,sk-two}",
     "topics.extraResults={embed.results.more}",
     "podMonitor.enabled=true",
+    'json:worker.extraEnv=[{"name": "KEMBED_MODELS", "value": "[{\\"model\\": \\"/models/e5\\", '
+    '\\"requests_topic\\": \\"embed.requests.e5\\"}]"}]',
 ]
 
 RENDERS: dict[str, tuple[list[Path], list[str]]] = {
@@ -93,7 +96,10 @@ def template(files: list[Path], sets: list[str]) -> subprocess.CompletedProcess[
     for path in files:
         args += ["-f", str(path)]
     for item in sets:
-        args += ["--set", item]
+        if item.startswith("json:"):
+            args += ["--set-json", item.removeprefix("json:")]
+        else:
+            args += ["--set", item]
     return helm(*args)
 
 
@@ -114,12 +120,17 @@ def values(name: str) -> dict[str, Any]:
     for path in files:
         merge(merged, yaml.safe_load(path.read_text(encoding="utf-8")))
     for item in sets:
-        key, value = item.split("=", 1)
+        key, value = item.removeprefix("json:").split("=", 1)
         *parents, leaf = key.split(".")
         node = merged
         for part in parents:
             node = node[part]
-        node[leaf] = value.strip("{}").split(",") if value.startswith("{") else value
+        if item.startswith("json:"):
+            node[leaf] = json.loads(value)
+        elif value.startswith("{"):
+            node[leaf] = value.strip("{}").split(",")
+        else:
+            node[leaf] = value
     return merged
 
 
@@ -623,6 +634,7 @@ def test_the_topics_job_is_a_hook_with_the_workers_settings(name: str) -> None:
         v
         for v in worker_env
         if v.endswith("_TOPIC")
+        or v == "KEMBED_MODELS"
         or v.startswith(
             ("KEMBED_MAX_RE", "KEMBED_SASL", "KEMBED_SSL", "KEMBED_SECURITY", "KEMBED_BOOTSTRAP")
         )
@@ -721,8 +733,6 @@ def value_keys(node: dict[str, Any], prefix: str = "") -> set[str]:
 def test_the_schema_describes_exactly_the_values() -> None:
     """values.schema.json forbids unknown keys, so it must know every key of values.yaml
     (free-form maps such as resources and nodeSelector excepted) and no other."""
-    import json
-
     schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
     default_values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
     free = {"resources", "podSecurityContext", "containerSecurityContext"}
