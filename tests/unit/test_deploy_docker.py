@@ -280,14 +280,18 @@ def dockerfile() -> tuple[dict[str, str], dict[str, Stage]]:
     return parse(DOCKERFILE.read_text(encoding="utf-8"))
 
 
-def test_hadolint_passes() -> None:
-    result = subprocess.run(
-        [str(deploy_tool("hadolint")), "--no-color", str(DOCKERFILE)],
+def hadolint(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(deploy_tool("hadolint")), "--no-color", str(path)],
         capture_output=True,
         text=True,
         check=False,
         timeout=60,
     )
+
+
+def test_hadolint_passes() -> None:
+    result = hadolint(DOCKERFILE)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == ""
 
@@ -300,13 +304,7 @@ def test_hadolint_reports_what_the_dockerfile_avoids(tmp_path: Path) -> None:
         "FROM python\nRUN pip install torch\n"
         "RUN apt-get update && apt-get install -y --no-install-recommends g++\n"
     )
-    result = subprocess.run(
-        [str(deploy_tool("hadolint")), "--no-color", str(bad)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
+    result = hadolint(bad)
     assert result.returncode == 1
     for rule in ("DL3006", "DL3013", "DL3042", "DL3008"):
         assert rule in result.stdout
