@@ -213,12 +213,13 @@ def late_worker(
     kafka: LocalKafka, tmp_path: Path
 ) -> Iterator[tuple[WorkerProcess, dict[str, str]]]:
     settings = fleet(f"l{uuid.uuid4().hex[:8]}") | {"catalog_topic": ""}
+    options: dict[str, Any] = settings
     worker = WorkerProcess(
         kafka.bootstrap_servers,
         tmp_path / "worker.log",
         dtype="float32",
         group_id=f"g-{uuid.uuid4().hex[:8]}",
-        **settings,
+        **options,
     )
     try:
         yield worker, settings

@@ -40,7 +40,7 @@ def test_the_default_settings_plan_the_five_fleet_topics_with_their_configs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("KEMBED_CATALOG_TOPIC", raising=False)  # the tests' workers have none
-    specs = by_name(plan(needs_of(WorkerSettings(), []), partitions=6))
+    specs = by_name(plan(needs_of(WorkerSettings.model_validate({}), []), partitions=6))
     assert list(specs) == [
         "embed.requests",
         "embed.requests.bulk",
@@ -78,7 +78,8 @@ def test_per_model_topics_results_topics_and_sizes_come_from_the_settings(
     monkeypatch.setenv("KEMBED_MAX_REQUEST_BYTES", str(MiB))
     monkeypatch.setenv("KEMBED_MAX_RESULT_BYTES", str(2 * MiB))
     monkeypatch.setenv("KEMBED_CATALOG_TOPIC", "")
-    specs = by_name(plan(needs_of(WorkerSettings(), ["embed.results.docs"]), partitions=3))
+    needs = needs_of(WorkerSettings.model_validate({}), ["embed.results.docs"])
+    specs = by_name(plan(needs, partitions=3))
     assert list(specs) == [
         "embed.requests",
         "embed.requests.b",
