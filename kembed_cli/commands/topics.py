@@ -89,7 +89,10 @@ def add_parser(subcommands: Any, name: str, summary: str) -> None:
         "smaller); from 3 on, topics also get min.insync.replicas=2",
     )
     parser.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds to wait for Kafka (default: 60)"
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for Kafka, brokers that are still starting included (default: 60)",
     )
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
     add_settings_flags(parser, WorkerSettings, only=TOPIC_SETTINGS)
@@ -132,13 +135,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         with quiet_kafka_logs():
             report = asyncio.run(_ensure(args, kafka, specs, security))
-    except TimeoutError:
-        print(
-            f"kembed {command}: no answer from Kafka at {kafka.bootstrap_servers} "
-            f"within {args.timeout:g} s",
-            file=sys.stderr,
-        )
-        return 2
     except _RefusedError as exc:
         print(f"kembed {command}: {exc}", file=sys.stderr)
         return 2
@@ -177,30 +173,45 @@ async def _ensure(
     security: dict[str, Any],
 ) -> EnsureReport:
     from kembed_shared.kafka.security import diagnose_login
-    from kembed_shared.kafka.topics import KafkaError, TopicCreationError, ensure_topics
+    from kembed_shared.kafka.topics import (
+        KafkaConnectionError,
+        KafkaError,
+        TopicCreationError,
+        ensure_topics,
+    )
     from kembed_shared.ports import KafkaAccessError
 
-    async with asyncio.timeout(args.timeout):
-        try:
-            return await ensure_topics(
-                kafka.bootstrap_servers,
-                specs,
-                client_config=security,
-                replication_factor=args.replication_factor,
-                create=args.action == "create",
-                check_partitions=args.partitions is not None,
-            )
-        except TopicCreationError as exc:
-            raise _RefusedError(str(exc)) from None
-        except KafkaError as exc:
-            try:
-                await diagnose_login(kafka.bootstrap_servers, security)
-            except KafkaAccessError as denied:
-                raise _RefusedError(denied.reason) from None
-            raise _RefusedError(
-                f"Kafka at {kafka.bootstrap_servers} failed the request: {type(exc).__name__} "
-                f"{exc}".rstrip()
-            ) from None
+    last: str = "no answer"
+    try:
+        async with asyncio.timeout(args.timeout):
+            while True:  # brokers still starting (a topics job started beside them) are waited for
+                try:
+                    return await ensure_topics(
+                        kafka.bootstrap_servers,
+                        specs,
+                        client_config=security,
+                        replication_factor=args.replication_factor,
+                        create=args.action == "create",
+                        check_partitions=args.partitions is not None,
+                    )
+                except TopicCreationError as exc:
+                    raise _RefusedError(str(exc)) from None
+                except KafkaError as exc:
+                    try:
+                        await diagnose_login(kafka.bootstrap_servers, security)
+                    except KafkaAccessError as denied:
+                        raise _RefusedError(denied.reason) from None
+                    last = f"{type(exc).__name__} {exc}".strip()
+                    if not (isinstance(exc, KafkaConnectionError) or exc.retriable):
+                        raise _RefusedError(
+                            f"Kafka at {kafka.bootstrap_servers} refused the request: {last}"
+                        ) from None
+                await asyncio.sleep(1.0)
+    except TimeoutError:
+        raise _RefusedError(
+            f"no answer from Kafka at {kafka.bootstrap_servers} within {args.timeout:g} s "
+            f"(last: {last})"
+        ) from None
 
 
 def _print_report(report: EnsureReport, specs: Sequence[TopicSpec]) -> None:

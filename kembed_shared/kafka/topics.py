@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from aiokafka import errors as kafka_errors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 
 __all__ = [
     "CATALOG_TOPIC_CONFIG",
@@ -33,6 +33,7 @@ __all__ = [
     "PLAN_HEADROOM",
     "RECORD_OVERHEAD",
     "FoundTopic",
+    "KafkaConnectionError",
     "KafkaError",
     "TopicCreationError",
     "TopicNeeds",

@@ -25,7 +25,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from kembed_cli.main import main
 from producer_sdk import EmbedClient
-from scripts.kafka_local import LocalKafka, TopicSpec
+from scripts.kafka_local import LocalKafka, TopicSpec, free_port
 from tests.conftest import ROOT, WorkerProcess
 from tests.integration.sink_helpers import SinkProcess
 
@@ -285,3 +285,25 @@ def test_a_sink_started_before_its_results_topic_waits_not_ready_then_joins_once
         assert len(missing_events(sink)) == 1
     finally:
         sink.stop()
+
+
+def test_kafka_unreachable_or_refusing_is_exit_2_with_one_line(kafka: LocalKafka) -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        port = free_port()
+        code = main(
+            ["topics", "check", "--bootstrap-servers", f"127.0.0.1:{port}", "--timeout", "2"]
+        )
+    assert code == 2
+    assert out.getvalue().startswith(
+        f"kembed topics check: no answer from Kafka at 127.0.0.1:{port}"
+    )
+    assert "KafkaConnectionError" in out.getvalue()
+    # more replicas than brokers: refused at once, not retried until the timeout
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    code, output = kembed_topics(
+        kafka, "create", *flags(fleet(prefix)), "--replication-factor", "3", "--timeout", "30"
+    )
+    assert code == 2
+    assert "InvalidReplicationFactorError" in output
+    assert len(output.strip().splitlines()) == 1
