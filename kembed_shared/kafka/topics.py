@@ -38,7 +38,6 @@ __all__ = [
     "TopicCreationError",
     "TopicNeeds",
     "TopicSpec",
-    "check_topics",
     "compare",
     "create_topics",
     "create_topics_async",
@@ -121,27 +120,16 @@ def plan(
     request_bytes = max(2 * needs.max_request_bytes, request_need)
     result_need = needs.max_result_bytes + RECORD_OVERHEAD
     result_bytes = needs.max_result_bytes + PLAN_HEADROOM
-    common: dict[str, str] = {}
 
-    def request(name: str, role: str, count: int) -> TopicSpec:
-        return TopicSpec(
-            name,
-            count,
-            common | {_MAX_MESSAGE_BYTES: str(request_bytes)},
-            role,
-            request_need,
-            size_setting=f"max_request_bytes={needs.max_request_bytes}",
-        )
+    def sized(planned: int, needed: int, setting: str) -> Callable[[str, str, int], TopicSpec]:
+        def spec(name: str, role: str, count: int) -> TopicSpec:
+            config = {_MAX_MESSAGE_BYTES: str(planned)}
+            return TopicSpec(name, count, config, role, needed, size_setting=setting)
 
-    def result(name: str, role: str, count: int) -> TopicSpec:
-        return TopicSpec(
-            name,
-            count,
-            common | {_MAX_MESSAGE_BYTES: str(result_bytes)},
-            role,
-            result_need,
-            size_setting=f"max_result_bytes={needs.max_result_bytes}",
-        )
+        return spec
+
+    request = sized(request_bytes, request_need, f"max_request_bytes={needs.max_request_bytes}")
+    result = sized(result_bytes, result_need, f"max_result_bytes={needs.max_result_bytes}")
 
     specs: dict[str, TopicSpec] = {}
 
@@ -156,15 +144,8 @@ def plan(
     add(result(needs.results_topic, "results", results_partitions or partitions))
     add(request(needs.dlq_topic, "request dead letters", 1))
     if needs.catalog_topic:
-        add(
-            TopicSpec(
-                needs.catalog_topic,
-                1,
-                common | CATALOG_TOPIC_CONFIG,
-                "model catalog",
-                compacted=True,
-            )
-        )
+        catalog = dict(CATALOG_TOPIC_CONFIG)
+        add(TopicSpec(needs.catalog_topic, 1, catalog, "model catalog", compacted=True))
     for name in needs.sink_results:
         add(result(name, "results", results_partitions or partitions))
         add(result(f"{name}.dlq", "sink dead letters", 1))
@@ -193,7 +174,8 @@ def replicated(spec: TopicSpec, replication_factor: int) -> TopicSpec:
 @dataclass(frozen=True)
 class FoundTopic:
     """An existing topic as the cluster describes it: partition count and the effective
-    topic configs (topic-level values, else the broker's defaults)."""
+    topic configs (DescribeConfigs gives the topic-level value, else the broker's: its
+    ``max.message.bytes`` is the broker's ``message.max.bytes`` when the topic sets none)."""
 
     partitions: int
     config: Mapping[str, str]
@@ -448,15 +430,6 @@ async def ensure_topics(
         return EnsureReport(created, kept, problems, replication)
     finally:
         await admin.close()
-
-
-def check_topics(
-    bootstrap_servers: str,
-    specs: Sequence[TopicSpec],
-    **options: Any,
-) -> EnsureReport:
-    """Sync ``ensure_topics(create=False)``: compare only."""
-    return run_sync(lambda: ensure_topics(bootstrap_servers, specs, create=False, **options))
 
 
 # -- a consumer waiting for its topics --------------------------------------------------------
