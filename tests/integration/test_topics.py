@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -264,17 +265,37 @@ def test_a_worker_started_before_its_topics_waits_not_ready_then_serves_once_cre
 def test_a_sink_started_before_its_results_topic_waits_not_ready_then_joins_once_created(
     kafka: LocalKafka, postgres: Any, tmp_path: Path
 ) -> None:
-    topic = f"s{uuid.uuid4().hex[:8]}.results"
-    sink = SinkProcess(
+    sink: SinkProcess | None = None
+    never = f"s{uuid.uuid4().hex[:8]}.never"
+    stopped = SinkProcess(
         kafka.bootstrap_servers,
-        tmp_path / "sink.log",
+        tmp_path / "stopped.log",
         target=postgres.dsn,
         target_password=postgres.password,
-        table=f"late_{uuid.uuid4().hex[:8]}",
-        results_topic=topic,
+        table=f"never_{uuid.uuid4().hex[:8]}",
+        results_topic=never,
         group_id=f"sink-{uuid.uuid4().hex[:8]}",
     )
     try:
+        # SIGTERM while waiting for topics: a clean stop
+        wait_missing(stopped, [never], timeout=90)
+        stopped.process.send_signal(signal.SIGTERM)
+        assert stopped.wait_exit(30) == 0
+        stopped.wait_for("sink.stopped", timeout=5)
+
+        # (one sink at a time: two opening a fresh database at once race on its pgvector
+        # extension)
+        topic = f"s{uuid.uuid4().hex[:8]}.results"
+        sink = SinkProcess(
+            kafka.bootstrap_servers,
+            tmp_path / "sink.log",
+            target=postgres.dsn,
+            target_password=postgres.password,
+            table=f"late_{uuid.uuid4().hex[:8]}",
+            results_topic=topic,
+            group_id=f"sink-{uuid.uuid4().hex[:8]}",
+        )
+
         wait_missing(sink, [topic], timeout=90)
         (event,) = missing_events(sink)
         assert event["topics"] == [topic]
@@ -284,7 +305,9 @@ def test_a_sink_started_before_its_results_topic_waits_not_ready_then_joins_once
         wait_ready(sink, PICKED_UP_S)
         assert len(missing_events(sink)) == 1
     finally:
-        sink.stop()
+        stopped.stop()
+        if sink is not None:
+            sink.stop()
 
 
 def test_kafka_unreachable_or_refusing_is_exit_2_with_one_line(kafka: LocalKafka) -> None:
