@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             indent=2,
         )
     else:
-        _print_report(report, specs)
+        _print_report(report, specs, listed=args.action == "create")
     return 1 if report.problems else 0
 
 
@@ -214,7 +214,8 @@ async def _ensure(
         ) from None
 
 
-def _print_report(report: EnsureReport, specs: Sequence[TopicSpec]) -> None:
+def _print_report(report: EnsureReport, specs: Sequence[TopicSpec], listed: bool) -> None:
+    """``listed``: a line per topic (create); else only the problems and the summary."""
     for spec in specs:
         if spec.name in report.created:
             size = spec.config.get("max.message.bytes")
@@ -224,11 +225,17 @@ def _print_report(report: EnsureReport, specs: Sequence[TopicSpec]) -> None:
                 + (f", max.message.bytes={size}" if size else "")
                 + (", compacted" if spec.compacted else "")
             )
-        elif spec.name in report.kept:
+        elif spec.name in report.kept and listed:
             print(f"ok      {spec.name} ({spec.role})")
     for problem in report.problems:
         print(f"problem: {problem}")
-    print(
-        f"{len(specs)} topic(s): {len(report.created)} created, {len(report.kept)} already "
-        f"as required, {len(report.problems)} problem(s)"
-    )
+    if listed:
+        print(
+            f"{len(specs)} topic(s): {len(report.created)} created, {len(report.kept)} already "
+            f"as required, {len(report.problems)} problem(s)"
+        )
+    else:
+        print(
+            f"{len(specs)} topic(s) checked: {len(report.kept)} as required, "
+            f"{len(report.problems)} problem(s)"
+        )
