@@ -174,11 +174,16 @@ async def _ensure(
 ) -> EnsureReport:
     from kembed_shared.kafka.security import diagnose_login
     from kembed_shared.kafka.topics import (
+        InvalidReplicationFactorError,
         KafkaConnectionError,
         KafkaError,
         TopicCreationError,
         ensure_topics,
     )
+
+    # Brokers not up yet, or not registered with their controller yet (ensure_topics has
+    # refused more replicas than brokers before that could be the reason).
+    transient = (KafkaConnectionError, InvalidReplicationFactorError)
     from kembed_shared.ports import KafkaAccessError
 
     last: str = "no answer"
@@ -202,7 +207,7 @@ async def _ensure(
                     except KafkaAccessError as denied:
                         raise _RefusedError(denied.reason) from None
                     last = f"{type(exc).__name__} {exc}".strip()
-                    if not (isinstance(exc, KafkaConnectionError) or exc.retriable):
+                    if not isinstance(exc, transient) and not exc.retriable:
                         raise _RefusedError(
                             f"Kafka at {kafka.bootstrap_servers} refused the request: {last}"
                         ) from None

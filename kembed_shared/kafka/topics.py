@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from aiokafka import errors as kafka_errors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import InvalidReplicationFactorError, KafkaConnectionError, KafkaError
 
 __all__ = [
     "CATALOG_TOPIC_CONFIG",
@@ -33,6 +33,7 @@ __all__ = [
     "PLAN_HEADROOM",
     "RECORD_OVERHEAD",
     "FoundTopic",
+    "InvalidReplicationFactorError",
     "KafkaConnectionError",
     "KafkaError",
     "TopicCreationError",
@@ -408,11 +409,20 @@ async def ensure_topics(
     check_partitions: bool = True,
 ) -> EnsureReport:
     """Create the planned topics that are missing (``create``), then compare every planned
-    topic with what the cluster has. Existing topics are never changed."""
+    topic with what the cluster has. Existing topics are never changed.
+
+    Raises TopicCreationError for what retrying cannot fix (more replicas than brokers, a
+    topic refused); KafkaError for the rest (InvalidReplicationFactorError then means a
+    broker that has not registered with its controller yet: try again)."""
     admin = _admin(bootstrap_servers, client_config)
     try:
         await admin.start()
-        replication = default_replication(await broker_count(admin), replication_factor)
+        brokers = await broker_count(admin)
+        replication = default_replication(brokers, replication_factor)
+        if create and replication > brokers:
+            raise TopicCreationError(
+                f"replication factor {replication} is more than the cluster's {brokers} broker(s)"
+            )
         found = await describe_topics(admin, [spec.name for spec in specs])
         missing = [spec for spec in specs if spec.name not in found]
         created: list[str] = []

@@ -328,5 +328,5 @@ def test_kafka_unreachable_or_refusing_is_exit_2_with_one_line(kafka: LocalKafka
         kafka, "create", *flags(fleet(prefix)), "--replication-factor", "3", "--timeout", "30"
     )
     assert code == 2
-    assert "InvalidReplicationFactorError" in output
+    assert "replication factor 3 is more than the cluster's 1 broker(s)" in output
     assert len(output.strip().splitlines()) == 1
