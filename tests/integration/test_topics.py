@@ -262,20 +262,26 @@ def test_a_worker_started_before_its_topics_waits_not_ready_then_serves_once_cre
     assert asyncio.run(embed()).shape == (1, 384)
 
 
+def sink_reading(kafka: LocalKafka, postgres: Any, log: Path, topic: str) -> SinkProcess:
+    """A sink into its own table and group, reading ``topic``."""
+    unique = uuid.uuid4().hex[:8]
+    return SinkProcess(
+        kafka.bootstrap_servers,
+        log,
+        target=postgres.dsn,
+        target_password=postgres.password,
+        table=f"late_{unique}",
+        results_topic=topic,
+        group_id=f"sink-{unique}",
+    )
+
+
 def test_a_sink_started_before_its_results_topic_waits_not_ready_then_joins_once_created(
     kafka: LocalKafka, postgres: Any, tmp_path: Path
 ) -> None:
     sink: SinkProcess | None = None
     never = f"s{uuid.uuid4().hex[:8]}.never"
-    stopped = SinkProcess(
-        kafka.bootstrap_servers,
-        tmp_path / "stopped.log",
-        target=postgres.dsn,
-        target_password=postgres.password,
-        table=f"never_{uuid.uuid4().hex[:8]}",
-        results_topic=never,
-        group_id=f"sink-{uuid.uuid4().hex[:8]}",
-    )
+    stopped = sink_reading(kafka, postgres, tmp_path / "stopped.log", never)
     try:
         # SIGTERM while waiting for topics: a clean stop
         wait_missing(stopped, [never], timeout=90)
@@ -286,15 +292,7 @@ def test_a_sink_started_before_its_results_topic_waits_not_ready_then_joins_once
         # (one sink at a time: two opening a fresh database at once race on its pgvector
         # extension)
         topic = f"s{uuid.uuid4().hex[:8]}.results"
-        sink = SinkProcess(
-            kafka.bootstrap_servers,
-            tmp_path / "sink.log",
-            target=postgres.dsn,
-            target_password=postgres.password,
-            table=f"late_{uuid.uuid4().hex[:8]}",
-            results_topic=topic,
-            group_id=f"sink-{uuid.uuid4().hex[:8]}",
-        )
+        sink = sink_reading(kafka, postgres, tmp_path / "sink.log", topic)
 
         wait_missing(sink, [topic], timeout=90)
         (event,) = missing_events(sink)
