@@ -44,9 +44,13 @@ def add_settings_flags(
     parser: argparse.ArgumentParser,
     model: type[BaseModel] = KafkaClientSettings,
     env_prefix: str = "KEMBED_",
+    only: Sequence[str] | None = None,
 ) -> None:
-    """One ``--flag`` per field of ``model``, its help the field's description."""
+    """One ``--flag`` per field of ``model`` (or of its fields named in ``only``), its help
+    the field's description."""
     for name, field in model.model_fields.items():
+        if only is not None and name not in only:
+            continue
         env = f"{env_prefix}{name.upper()}"
         kind, choices = _flag_type(field.annotation)
         parser.add_argument(
@@ -97,7 +101,9 @@ def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
 def settings_from(model: type[_S], args: argparse.Namespace, command: str) -> _S | None:
     """Settings from flags over env vars; None (after saying why) when they are invalid."""
     overrides = {
-        name: value for name in model.model_fields if (value := getattr(args, name)) is not None
+        name: value
+        for name in model.model_fields
+        if (value := getattr(args, name, None)) is not None
     }
     try:
         return model(**overrides)

@@ -8,6 +8,7 @@
     kembed models [--json]             the models live workers announce (the catalog)
     kembed sink --target URI [...]     upsert results into pgvector or Milvus (sink/)
     kembed gateway [--flag value ...]  OpenAI- and TEI-shaped HTTP APIs (gateway/)
+    kembed topics create|check [...]   create or check the fleet's topics
 
 Each subcommand is a module of :mod:`kembed_cli.commands` with ``add_parser`` and ``run``;
 only the module of the subcommand being run is imported, so ``kembed embed`` never loads
@@ -37,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "models": "list the models the workers serve (the model catalog)",
     "sink": "consume results and upsert them into PostgreSQL/pgvector or Milvus",
     "gateway": "serve OpenAI's and TEI's embedding APIs over HTTP, in front of Kafka",
+    "topics": "create or check the topics the workers and sinks need",
 }
 """Subcommand -> one line of help; the module is ``kembed_cli.commands.<subcommand>``."""
 

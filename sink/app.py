@@ -28,7 +28,11 @@ from kembed_shared.kafka.security import client_options
 from kembed_shared.kafka.source import KafkaSource
 from kembed_shared.observability.logging import configure_logging, redacted
 from kembed_shared.observability.probes import Probes
-from kembed_shared.observability.service import http_endpoints, stop_on_signals
+from kembed_shared.observability.service import (
+    http_endpoints,
+    missing_topics_reporter,
+    stop_on_signals,
+)
 from kembed_shared.ports import (
     KafkaAccessError,
     Publisher,
@@ -193,7 +197,14 @@ async def _serve(
         )
         stop_on_signals(sink, probes, log, "sink")
         probes.phase = "joining"
-        await source.start(sink.on_revoked, sink.on_assigned)
+        await source.start(
+            sink.on_revoked,
+            sink.on_assigned,
+            on_missing=missing_topics_reporter(
+                probes, log, f"kembed topics create --results {settings.results_topic}"
+            ),
+            stopped=lambda: probes.phase == "draining",
+        )
         probes.phase = "serving"
         log.info(
             "sink.started",

@@ -24,7 +24,11 @@ from kembed_shared.kafka.source import KafkaSource
 from kembed_shared.observability.fatal import ExitCode, error_fields, loop_exception_handler
 from kembed_shared.observability.logging import configure_logging, redacted
 from kembed_shared.observability.probes import Probes
-from kembed_shared.observability.service import http_endpoints, stop_on_signals
+from kembed_shared.observability.service import (
+    http_endpoints,
+    missing_topics_reporter,
+    stop_on_signals,
+)
 from kembed_shared.ports import KafkaAccessError
 from worker.encoder import Encoder, ModelInfo
 from worker.metrics import Metrics
@@ -308,7 +312,13 @@ async def _load_and_run(
     announcer = await start_announcer(settings, [m.description for m in models], security)
     tuner: Tuner | None = None
     try:
-        await source.start(pipeline.on_revoked, pipeline.on_assigned)
+        await source.start(
+            pipeline.on_revoked,
+            pipeline.on_assigned,
+            # The same KEMBED_* environment as this worker's names the same topics.
+            on_missing=missing_topics_reporter(probes, log, "kembed topics create"),
+            stopped=lambda: probes.phase == "draining",
+        )
         probes.phase = "serving"
         if settings.tune_in_background:
             # After joining, so that compiling never delays readiness.

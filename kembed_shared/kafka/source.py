@@ -16,6 +16,7 @@ from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 
 from kembed_shared.kafka.security import principal_of
+from kembed_shared.kafka.topics import wait_for_topics
 from kembed_shared.ports import KafkaAccessError, Record, TopicPartition
 
 __all__ = ["KafkaSource"]
@@ -87,9 +88,33 @@ class KafkaSource:
             fetch_max_wait_ms=fetch_max_wait_ms,
         )
 
-    async def start(self, on_revoked: PartitionsHook, on_assigned: PartitionsHook) -> None:
+    async def start(
+        self,
+        on_revoked: PartitionsHook,
+        on_assigned: PartitionsHook,
+        *,
+        on_missing: Callable[[list[str]], None] = lambda missing: None,
+        stopped: Callable[[], bool] = lambda: False,
+        every_s: float = 1.0,
+    ) -> None:
+        """Start, wait until every topic exists, then subscribe.
+
+        A consumer subscribed to a topic that does not exist yet sees it only at its next
+        metadata refresh (aiokafka's metadata_max_age_ms, 5 minutes): so the topics are
+        looked for every ``every_s`` first, ``on_missing`` told which are missing (see
+        :func:`~kembed_shared.kafka.topics.wait_for_topics`). ``stopped()`` ends the wait
+        early (the service is shutting down); the consumer subscribes all the same."""
         await self._consumer.start()
+        await wait_for_topics(
+            self._existing_topics, self._topics, on_missing, stopped=stopped, every_s=every_s
+        )
         self._consumer.subscribe(self._topics, listener=_Listener(self, on_revoked, on_assigned))
+
+    async def _existing_topics(self) -> set[str]:
+        # Every topic's metadata (no names): asking for a missing topic by name would let a
+        # broker with auto.create.topics.enable create it with the broker's defaults.
+        cluster = await self._consumer._client.fetch_all_metadata()
+        return set(cluster.topics(exclude_internal_topics=True))
 
     async def stop(self) -> None:
         """Stop consuming. A dynamic member leaves the group (the broker reassigns its

@@ -8,7 +8,8 @@ report them.
 - ready (/ready): the model is loaded and warmed up (at its largest batch shape, compiled
   when compiling), and the consumer has joined its group with partitions assigned. A worker
   with no partitions (more workers than partitions) is alive but not ready: it serves
-  nothing.
+  nothing. While topics it reads do not exist, it is not ready either, and /ready names
+  them (``"status": "missing topics"``, ``"missing_topics": [...]``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class Probes:
         self._stuck_batch_s = stuck_batch_s
         self._max_loop_lag_s = max_loop_lag_s
         self._loop_lag = 0.0
+        # Topics the service reads that do not exist (it waits for them before joining).
+        self.missing_topics: tuple[str, ...] = ()
 
     async def watch_loop(self, every: float = 0.5) -> None:
         """Measure how late the event loop wakes up (run as a task for the worker's life)."""
@@ -84,11 +87,11 @@ class Probes:
         partitions = sorted(self.pipeline.assigned_partitions()) if self.pipeline else []
         ok = self.phase == "serving" and bool(partitions)
         reason = "ready" if ok else self.phase if self.phase != "serving" else "no partitions"
-        return ok, {
-            "ready": ok,
-            "status": reason,
-            "partitions": [f"{topic}-{partition}" for topic, partition in partitions],
-        }
+        body: dict[str, Any] = {"ready": ok, "status": reason}
+        if self.missing_topics and not ok:
+            body.update(status="missing topics", missing_topics=list(self.missing_topics))
+        body["partitions"] = [f"{topic}-{partition}" for topic, partition in partitions]
+        return ok, body
 
     def health_response(self) -> Response:
         ok, body = self.live()

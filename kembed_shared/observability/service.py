@@ -6,6 +6,8 @@ the SIGTERM/SIGINT handlers that start a drain.
   long as the service runs, logs ``http.started`` (host and bound port) on the service's
   own logger, ties the metrics' ready gauge to the readiness probe, and on leaving marks
   the probes ``stopped`` and closes the server.
+- :func:`missing_topics_reporter`: while topics the service reads do not exist, /ready
+  names them, and one ``kafka.topics_missing`` error says which and how to create them.
 - :func:`stop_on_signals`: hands the running loop (``probes.pipeline``) to the probes and
   makes SIGTERM and SIGINT log ``<name>.stopping``, set the phase ``draining`` and ask the
   loop to stop (it finishes what is in flight first).
@@ -25,7 +27,14 @@ from kembed_shared.observability.http import HttpServer, Route
 from kembed_shared.observability.metrics import CONTENT_TYPE
 from kembed_shared.observability.probes import JSON, PipelineView, Probes, json_body
 
-__all__ = ["ServiceMetrics", "Stoppable", "http_endpoints", "routes", "stop_on_signals"]
+__all__ = [
+    "ServiceMetrics",
+    "Stoppable",
+    "http_endpoints",
+    "missing_topics_reporter",
+    "routes",
+    "stop_on_signals",
+]
 
 
 class _Gauge(Protocol):
@@ -104,3 +113,30 @@ def _stop(
     log.info(f"{name}.stopping", signal=sig.name)
     probes.phase = "draining"
     service.stop()
+
+
+def missing_topics_reporter(
+    probes: Probes, log: FilteringBoundLogger, create: str
+) -> Callable[[list[str]], None]:
+    """The ``on_missing`` hook of :meth:`KafkaSource.start
+    <kembed_shared.kafka.source.KafkaSource.start>`: keeps ``probes.missing_topics``
+    current, logs one ``kafka.topics_missing`` error (the topics, and ``create``: the
+    command that creates them) the first time some are missing, and ``kafka.topics_found``
+    when the last one appeared."""
+    logged: list[str] = []
+
+    def report(missing: list[str]) -> None:
+        probes.missing_topics = tuple(missing)
+        if missing and not logged:
+            logged.extend(missing)
+            log.error(
+                "kafka.topics_missing",
+                topics=missing,
+                create=create,
+                reason=f"topic(s) {', '.join(missing)} do not exist: create them with "
+                f"`{create}`; waiting for them (checked every second)",
+            )
+        elif not missing and logged:
+            log.info("kafka.topics_found", topics=logged)
+
+    return report

@@ -304,6 +304,30 @@ def test_cli_takes_credentials_from_env_and_never_prints_them(
         assert_no_secret(result.stdout + result.stderr, passwords, wrong)
 
 
+def test_kembed_topics_logs_in_over_sasl_ssl_and_a_wrong_password_is_exit_2(
+    secure_kafka: LocalKafka, passwords: dict[str, str]
+) -> None:
+    """``kembed topics`` takes the TLS/SASL flags of every client: the admin checks the
+    broker's topics (the plan for the default settings) over SASL_SSL; a wrong password is
+    one line, exit status 2, and no password in the output."""
+    flags = [
+        "topics", "check", "--catalog-topic", "embed.models",
+        "--bootstrap-servers", secure_kafka.tls_bootstrap_servers,
+        "--security-protocol", "SASL_SSL", "--sasl-mechanism", "SCRAM-SHA-256",
+        "--sasl-username", "admin", "--ssl-cafile", str(secure_kafka.ca_file),
+    ]  # fmt: skip
+    wrong = f"wrong-{secrets.token_urlsafe(12)}"
+    ok = run_cli(*flags, env={"KEMBED_SASL_PASSWORD": passwords["admin"]})
+    rejected = run_cli(*flags, "--timeout", "20", env={"KEMBED_SASL_PASSWORD": wrong})
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.splitlines() == ["5 topic(s) checked: 5 as required, 0 problem(s)"]
+    assert rejected.returncode == 2, rejected.stdout + rejected.stderr
+    assert "rejected the login of User:admin" in rejected.stderr
+    assert len(rejected.stderr.strip().splitlines()) == 1
+    for result in (ok, rejected):
+        assert_no_secret(result.stdout + result.stderr, passwords, wrong)
+
+
 def test_kembed_ingest_needs_only_write_on_the_bulk_topic(
     secure_kafka: LocalKafka, passwords: dict[str, str], tmp_path: Path
 ) -> None:

@@ -210,7 +210,17 @@ def test_the_base_install_is_the_client_side_without_torch_or_databases(
     version = run([kembed, "--version"], outside, clean_env()).stdout
     assert version.strip() == f"kembed {PYPROJECT['project']['version']}"
     # Help never needs an extra: only running a worker, the gate or a sink does.
-    for command in ("embed", "ingest", "models", "status", "worker", "validate", "sink", "gateway"):
+    for command in (
+        "embed",
+        "ingest",
+        "models",
+        "status",
+        "topics",
+        "worker",
+        "validate",
+        "sink",
+        "gateway",
+    ):
         shown = run([kembed, command, "--help"], outside, clean_env())
         assert shown.stdout.startswith(f"usage: kembed {command}"), shown.stdout[:200]
 
@@ -261,6 +271,10 @@ def test_kembed_embed_and_the_sync_client_from_the_base_install_get_the_workers_
     expected = asyncio.run(embed_here())
 
     env = clean_env() | {"KEMBED_BOOTSTRAP_SERVERS": kafka.bootstrap_servers}
+    # The local broker's topics are the plan for the default settings: the base install's
+    # kembed topics check (no extra needed) finds nothing to report.
+    checked = run([base_env / "bin" / "kembed", "topics", "check"], outside, env)
+    assert "0 problem(s)" in checked.stdout, checked.stdout
     embedded = run([base_env / "bin" / "kembed", "embed", "--timeout", "60", *texts], outside, env)
     output = json.loads(embedded.stdout)
     from_cli = np.asarray(output["vectors"], dtype=np.float32)
