@@ -32,3 +32,22 @@ def env_names(*models: type[BaseSettings]) -> set[str]:
 def role_env_names(role: str) -> set[str]:
     """The ``KEMBED_*`` variables ``kembed <role>`` reads (worker, sink or gateway)."""
     return env_names(*ROLE_SETTINGS[role])
+
+
+def kembed_args_problem(args: list[str]) -> str | None:
+    """None if ``kembed <args>`` parses with kembed's own command line (the subcommand
+    and every flag exist, each value has the right type); else what argparse says."""
+    import contextlib
+    import io
+
+    from kembed_cli.main import build_parser
+
+    if not args or args[0].startswith("-"):
+        return f"no subcommand in {args}"
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            build_parser(args[0]).parse_args(args)
+    except SystemExit as exit_:
+        return f"kembed {' '.join(args)}: exit {exit_.code}: {errors.getvalue().strip()}"
+    return None

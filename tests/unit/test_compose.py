@@ -39,7 +39,7 @@ import yaml  # type: ignore[import-untyped]
 from gateway.settings import GatewaySettings
 from kembed_shared.observability.service import routes
 from sink.settings import SinkSettings
-from tests.deploy_env import role_env_names
+from tests.deploy_env import kembed_args_problem, role_env_names
 from worker.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -301,6 +301,8 @@ def topics_problems(config: dict[str, Any]) -> list[str]:
     command = list(job["command"])
     if command[:2] != ["topics", "create"]:
         problems.append(f"{job_name}: runs {command}")
+    if (refused := kembed_args_problem(command)) is not None:
+        problems.append(f"{job_name}: {refused}")
     flags = list(zip(command[2::2], command[3::2], strict=False))
     results = {v for k, v in flags if k == "--results"}
     if ("--replication-factor", "1") not in flags:
@@ -568,6 +570,12 @@ def test_the_checks_catch_mistakes(config: dict[str, Any], tmp_path: Path) -> No
         changed(lambda s: s["gateway"]["environment"].update(KEMBED_BOOTSTRAP_SERVERS="k:1"))
     )
     assert problems(changed(lambda s: s["kafka"].update(image="apache/kafka:3.9.1")))
+    assert any(
+        "unrecognized arguments: --replicas" in p
+        for p in topics_problems(
+            changed(lambda s: s["topics"]["command"].extend(["--replicas", "1"]))
+        )
+    )
     assert problems(changed(lambda s: s["grafana"]["volumes"][2].update(source="/nonexistent")))
     prom_config = tmp_path / "prometheus.yml"
     mounted = binds(services(config)["prometheus"])[PROMETHEUS_CONFIG]

@@ -26,7 +26,7 @@ from kembed_shared.observability.probes import Probes
 from kembed_shared.observability.service import ServiceMetrics, routes
 from kembed_shared.settings import KafkaClientSettings
 from sink.settings import SinkSettings
-from tests.deploy_env import role_env_names
+from tests.deploy_env import kembed_args_problem, role_env_names
 from tests.unit.test_deploy import check_expr
 from worker.settings import WorkerSettings
 
@@ -612,6 +612,7 @@ def test_the_topics_job_is_a_hook_with_the_workers_settings(name: str) -> None:
     assert "before-hook-creation" in annotations["helm.sh/hook-delete-policy"]
     assert pod_spec(job)["restartPolicy"] == "Never"
     assert topics["args"][:2] == ["topics", "create"]
+    assert kembed_args_problem(topics["args"]) is None
     args = topics["args"][2:]
     flags = {"--results", "--partitions", "--replication-factor"}
     assert all(a in flags for a in args[::2]), args
