@@ -65,6 +65,11 @@ _OPS: dict[Metric, str] = {
 }
 _COLUMNS = {"id", "vector", "metadata", "model", "updated_at"}
 _PENDING = "kembed: hnsw index pending, "
+# Sinks that start together on one database (replicas of a Deployment) set up the schema
+# one at a time: concurrent CREATE EXTENSION / CREATE TABLE IF NOT EXISTS of one name
+# collide on PostgreSQL's catalog indexes (UniqueViolation) instead of skipping. The lock
+# is held until the set-up transaction ends; the next sink then finds everything there.
+_SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(hashtext('kembed-sink schema set-up'))"
 """A table comment: bulk mode created the table without its index, to build with this
 operator class once the load is done."""
 _STAGING = "kembed_sink_staging"
@@ -178,7 +183,9 @@ class PostgresStore:
         if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone():
             return
         try:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            with conn.transaction():
+                conn.execute(_SCHEMA_LOCK)
+                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         except psycopg.errors.InsufficientPrivilege:
             raise TargetError(
                 f"pgvector is not installed in the database of {self._spec.display}, and "
@@ -223,6 +230,11 @@ class PostgresStore:
 
     def create(self, dim: int, metric: Metric) -> None:
         conn = self._connection()
+        with conn.transaction():
+            conn.execute(_SCHEMA_LOCK)
+            self._create_table(conn, dim, metric)
+
+    def _create_table(self, conn: psycopg.Connection[Any], dim: int, metric: Metric) -> None:
         existing = self.table_dim()
         if existing is not None:
             if existing != dim:

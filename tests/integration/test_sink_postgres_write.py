@@ -5,7 +5,10 @@ rule holds, replays are idempotent, refused rows and lost connections are classi
 
 from __future__ import annotations
 
+import threading
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -282,3 +285,32 @@ def test_bulk_mode_loads_without_the_index_then_builds_it_once(
     assert len(_table(conn, "write_bulk")) == 610
     for row in rows[:20]:
         assert _nearest(conn, "write_bulk", row.vector) == row.id
+
+
+def test_sinks_starting_together_on_a_fresh_database_all_start(
+    postgres: LocalPostgres, conn: psycopg.Connection[Any]
+) -> None:
+    """Several sinks (replicas of one Deployment, say) that open a database without
+    pgvector and create the same table at the same moment all start, and agree on the
+    table: the schema set-up is serialized, so no one fails on PostgreSQL's unique index of
+    extension or type names ("duplicate key value violates unique constraint")."""
+    sinks = 6
+    for round_ in range(3):
+        database = f"fresh_{uuid.uuid4().hex[:8]}"
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+        dsn = postgres.dsn.rsplit("/", 1)[0] + f"/{database}"
+        barrier = threading.Barrier(sinks)
+
+        def start(_: int, dsn: str = dsn, barrier: threading.Barrier = barrier) -> int | None:
+            store = PostgresStore(parse_target(dsn, SecretStr(postgres.password)), "chunks")
+            try:
+                barrier.wait()
+                store.open()
+                store.create(DIM, "cosine")
+                return store.table_dim()
+            finally:
+                store.close()
+
+        with ThreadPoolExecutor(sinks) as pool:
+            dims = list(pool.map(start, range(sinks)))
+        assert dims == [DIM] * sinks, f"round {round_}: {dims}"
