@@ -9,7 +9,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, TypeAlias
+from pathlib import Path
+from typing import Any, NamedTuple, TypeAlias
 
 import structlog
 
@@ -30,6 +31,7 @@ from kembed_shared.observability.service import (
     stop_on_signals,
 )
 from kembed_shared.ports import KafkaAccessError
+from worker.cache import VectorCache
 from worker.encoder import Encoder, ModelInfo
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline, ServedModel
@@ -286,6 +288,41 @@ async def _load_and_run(
                 log.error("quality_gate.failed", **fields)
                 raise QualityGateFailedError(f"{spec.served_name()}: {report.summary()}")
             log.info("quality_gate.passed", **fields)
+    cache = await loop.run_in_executor(None, open_cache, settings, models, metrics)
+    try:
+        serving = _Served(models, cache, encode_thread, tunings)
+        await _join_and_serve(settings, publisher, security, metrics, probes, serving)
+    finally:
+        await loop.run_in_executor(None, cache.close)
+
+
+class _Served(NamedTuple):
+    models: list[ServedModel]
+    cache: VectorCache
+    encode_thread: ThreadPoolExecutor
+    tunings: dict[str, Any]
+
+
+def open_cache(
+    settings: WorkerSettings, models: list[ServedModel], metrics: Metrics | None = None
+) -> VectorCache:
+    """The vector cache of ``settings``, its persisted entries read back (blocking)."""
+    cache = VectorCache(settings.cache_bytes, metrics)
+    if settings.cache_path and cache.enabled:
+        cache.open(Path(settings.cache_path), [(m.name, m.encoder.info.path) for m in models])
+    return cache
+
+
+async def _join_and_serve(
+    settings: WorkerSettings,
+    publisher: KafkaPublisher | KafkaTransactionalPublisher,
+    security: dict[str, Any],
+    metrics: Metrics,
+    probes: Probes,
+    served: _Served,
+) -> None:
+    loop = asyncio.get_running_loop()
+    models, cache, encode_thread, tunings = served
     probes.phase = "joining"
     interactive_topics, bulk_topics = settings.request_topics()
     source = KafkaSource(
@@ -307,6 +344,7 @@ async def _load_and_run(
         settings=settings,
         encode_thread=encode_thread,
         metrics=metrics,
+        cache=cache,
     )
     stop_on_signals(pipeline, probes, log, "worker")
     announcer = await start_announcer(settings, [m.description for m in models], security)

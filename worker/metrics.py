@@ -186,6 +186,34 @@ class Metrics:
             ["lane"],
             registry=r,
         )
+        self.cache_hits = Counter(
+            "kembed_cache_hits",
+            "Inputs answered from the vector cache (no tokenizer, no encoder), by model.",
+            ["model"],
+            registry=r,
+        )
+        self.cache_misses = Counter(
+            "kembed_cache_misses",
+            "Inputs looked up in the vector cache and not found (encoded), by model.",
+            ["model"],
+            registry=r,
+        )
+        self.cache_evictions = Counter(
+            "kembed_cache_evictions",
+            "Vector cache entries dropped to stay within cache_bytes (least recently used "
+            "first), by model.",
+            ["model"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "kembed_cache_bytes",
+            "Memory held by the vector cache's entries (keys, vectors, bookkeeping), by model.",
+            ["model"],
+            registry=r,
+        )
+        self.cache_entries = Gauge(
+            "kembed_cache_entries", "Vectors in the vector cache, by model.", ["model"], registry=r
+        )
         self.ready = Gauge(
             "kembed_ready", "1 when the worker is ready (the /ready endpoint).", registry=r
         )
@@ -220,5 +248,10 @@ METRIC_NAMES = (
     "kembed_encoder_phase",
     "kembed_tuning_texts_per_second",
     "kembed_paused_partitions",
+    "kembed_cache_hits_total",
+    "kembed_cache_misses_total",
+    "kembed_cache_evictions_total",
+    "kembed_cache_bytes",
+    "kembed_cache_entries",
     "kembed_ready",
 )

@@ -38,9 +38,10 @@ from kembed_shared.ports import Publisher, Record, Source, TopicPartition, Trans
 from schemas import EmbedRequest, ErrorCode, ErrorInfo
 from schemas.catalog import ModelDescription
 from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler, TokenBudget
+from worker.cache import CacheNote, Hit, VectorCache, token_count
 from worker.decode import Accepted, Limits, ModelLimits, Rejected, decode_record
 from worker.delivery import make_delivery
-from worker.encoder import Encoder, EncoderOutOfMemoryError, Prepared
+from worker.encoder import Encoder, EncoderOutOfMemoryError, ModelInfo, Prepared
 from worker.metrics import Metrics
 from worker.offsets import OffsetTracker
 from worker.publish import encode_error, encode_vectors
@@ -125,6 +126,8 @@ class Job:
     tokens: list[int]
     remaining: int
     settled: bool = field(default=False)
+    cache_notes: list[CacheNote] = field(default_factory=list)
+    """Per input, how the vector cache files it once encoded (empty: cache off)."""
 
 
 @dataclass(slots=True)
@@ -137,6 +140,9 @@ class _Batch:
     retry: bool = False
     """Half of a failed batch: it runs before new batches and is never preempted or
     refilled, so that the failing input is isolated in a few steps."""
+    ran_as: ModelInfo | None = None
+    """The encoder variant that ran it, read on the encoder thread (the vector cache files
+    its vectors under it)."""
 
 
 class Pipeline:
@@ -149,6 +155,7 @@ class Pipeline:
         settings: WorkerSettings,
         encode_thread: ThreadPoolExecutor | None = None,
         metrics: Metrics | None = None,
+        cache: VectorCache | None = None,
     ) -> None:
         if not models:
             raise ValueError("a pipeline serves at least one model")
@@ -156,6 +163,9 @@ class Pipeline:
         self._metrics = metrics or Metrics()
         self._models = {model.name: model for model in models}
         self._settings = settings
+        self._cache = cache or VectorCache(0)
+        for model in models:
+            self._cache.watch(model.name)
         self._bulk_topics = frozenset(model.bulk_topic for model in models) - {""}
         self._limits = _limits(models, settings)
         self._scheduler: LaneScheduler[Job] = LaneScheduler(
@@ -346,7 +356,8 @@ class Pipeline:
         groups: dict[tuple[str, str | None], list[int]] = {}
         for position, (_, request, model) in enumerate(accepted):
             groups.setdefault((model.name, request.truncation_direction), []).append(position)
-        tokenized: list[list[Tokenized]] = [[] for _ in accepted]
+        tokenized: list[list[Tokenized | Hit]] = [[] for _ in accepted]
+        notes: list[list[CacheNote]] = [[] for _ in accepted]
         for (name, direction), positions in groups.items():
             model = self._models[name]
             texts = [
@@ -354,20 +365,27 @@ class Pipeline:
                 for request in (accepted[p][1] for p in positions)
                 for text in request.inputs
             ]
-            encode = partial(model.tokenizer.encode, texts, direction)
-            if sum(map(len, texts)) <= _INLINE_TOKENIZE_CHARS:
-                pieces = encode()  # cheaper than a thread hop
+            # Cached texts skip the tokenizer and the encoder.
+            side = direction or model.tokenizer.direction
+            lookup = self._cache.lookup(model.name, model.encoder.info, side, texts)
+            encode = partial(model.tokenizer.encode, lookup.misses, direction)
+            if not lookup.misses:
+                misses = []
+            elif sum(map(len, lookup.misses)) <= _INLINE_TOKENIZE_CHARS:
+                misses = encode()  # cheaper than a thread hop
             else:
                 loop = asyncio.get_running_loop()
-                pieces = await loop.run_in_executor(self._tokenize_thread, encode)
+                misses = await loop.run_in_executor(self._tokenize_thread, encode)
+            pieces, filed = lookup.complete(misses)
             start = 0
             for position in positions:
                 count = len(accepted[position][1].inputs)
                 tokenized[position] = pieces[start : start + count]
+                notes[position] = filed[start : start + count]
                 start += count
         now = time.monotonic()
-        for admitted, pieces in zip(accepted, tokenized, strict=True):
-            self._enqueue(lane, *admitted, pieces, now)
+        for admitted, pieces, filed in zip(accepted, tokenized, notes, strict=True):
+            self._enqueue(lane, *admitted, pieces, now, filed)
         self._work_waiting.set()
 
     def _enqueue(
@@ -376,8 +394,9 @@ class Pipeline:
         record: Record,
         request: EmbedRequest,
         model: ServedModel,
-        pieces: list[Tokenized],
+        pieces: list[Tokenized | Hit],
         now: float,
+        notes: list[CacheNote],
     ) -> None:
         if not request.truncate:
             too_long = next((i for i, piece in enumerate(pieces) if piece.truncated), None)
@@ -392,18 +411,26 @@ class Pipeline:
                 self._reject(record, rejection, reserved=len(pieces), model=model.name)
                 return
         count = len(pieces)
-        self._inflight_tokens[lane] += sum(len(piece.ids) for piece in pieces)
+        tokens = [token_count(piece) for piece in pieces]
+        self._inflight_tokens[lane] += sum(tokens)
         job = Job(
             record=record,
             request=request,
             lane=lane,
             model=model,
             vectors=np.empty((count, model.encoder.info.dim), dtype=np.float32),
-            tokens=[len(piece.ids) for piece in pieces],
+            tokens=tokens,
             remaining=count,
+            cache_notes=notes,
         )
         for index, piece in enumerate(pieces):
-            self._scheduler.add(lane, Item(job, index, piece.ids, now), model.name)
+            if isinstance(piece, Hit):
+                job.vectors[index] = piece.vector
+                job.remaining -= 1
+            else:
+                self._scheduler.add(lane, Item(job, index, piece.ids, now), model.name)
+        if count and not job.remaining:  # every input was cached
+            self._settle(job)
 
     def _apply_backpressure(self, lane: str) -> None:
         if self._inflight[lane] > self._settings.max_inflight_inputs and lane not in self._paused:
@@ -482,8 +509,7 @@ class Pipeline:
         batch.started = self._running_since = time.monotonic()
         self._observe_batch(batch)
         loop = asyncio.get_running_loop()
-        run = batch.model.encoder.run
-        return batch, loop.run_in_executor(self._encode_thread, run, batch.prepared)
+        return batch, loop.run_in_executor(self._encode_thread, _run, batch)
 
     def _observe_batch(self, batch: _Batch) -> None:
         m, lane = self._metrics, batch.lane
@@ -573,7 +599,18 @@ class Pipeline:
             inputs=len(batch.items),
             padded_tokens=batch.prepared.padded_tokens,
         )
-        for item, row in zip(batch.items, future.result(), strict=True):
+        rows = future.result()
+        if batch.ran_as is not None:
+            self._cache.store(
+                batch.model.name,
+                batch.ran_as,
+                (
+                    (item.job.cache_notes[item.index], row, item.job.tokens[item.index])
+                    for item, row in zip(batch.items, rows, strict=True)
+                    if item.job.cache_notes
+                ),
+            )
+        for item, row in zip(batch.items, rows, strict=True):
             job = item.job
             job.vectors[item.index] = row
             job.remaining -= 1
@@ -777,6 +814,15 @@ class Pipeline:
 
 
 _Admitted = tuple[Record, EmbedRequest, ServedModel]
+
+
+def _run(batch: _Batch) -> npt.NDArray[np.float32]:
+    """Run ``batch`` (on the encoder thread), noting the variant that ran it: the tuner
+    installs variants on this thread, between batches."""
+    encoder = batch.model.encoder
+    rows = encoder.run(batch.prepared)
+    batch.ran_as = encoder.info
+    return rows
 
 
 def _limits(models: Sequence[ServedModel], settings: WorkerSettings) -> Limits:

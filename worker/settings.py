@@ -341,6 +341,25 @@ class WorkerSettings(KafkaClientSettings):
         "max.message.bytes. A larger result becomes a result_too_large error.",
     )
 
+    # ------------------------------------------------------------------ vector cache
+    cache_bytes: int = Field(
+        256 * 2**20,
+        ge=0,
+        description="Memory for the vector cache: a repeated text (same model, dtype, "
+        "quantization, pooling, prompt, truncation side and limit) is answered with the "
+        "vector the encoder returned the first time, without tokenizing or encoding it; "
+        "least recently used entries leave first. One entry of a 384-dimension model takes "
+        "~1.7 KB. 0: no cache.",
+    )
+    cache_path: str | None = Field(
+        None,
+        description="SQLite file (on a local volume) that keeps the vector cache across "
+        "restarts, within cache_bytes; a restarted worker reads it back before joining its "
+        "group. Entries of models the worker no longer serves are deleted. Unset: the cache "
+        "lives in memory only.",
+    )
+    _blank_cache_path = field_validator("cache_path", mode="before")(none_if_blank)
+
     # ------------------------------------------------------------------ lifecycle
     shutdown_timeout_s: float = Field(
         30.0,
