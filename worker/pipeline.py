@@ -163,7 +163,7 @@ class Pipeline:
         self._metrics = metrics or Metrics()
         self._models = {model.name: model for model in models}
         self._settings = settings
-        self._cache = cache or VectorCache(0)
+        self._cache = cache if cache is not None else VectorCache(0)
         for model in models:
             self._cache.watch(model.name)
         self._bulk_topics = frozenset(model.bulk_topic for model in models) - {""}

@@ -30,6 +30,7 @@ from kembed_shared.ports import Record, TopicPartition
 from schemas import EmbedRequest, EmbedResult, ErrorCode, ErrorResult, decode_result
 from schemas.codec import encode_request
 from worker.batcher import TokenBudget
+from worker.cache import VectorCache
 from worker.encoder import EncoderOutOfMemoryError, ModelInfo, Prepared
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline, ServedModel
@@ -166,7 +167,10 @@ class Harness:
     """A pipeline over the fakes; :meth:`send` adds a wave of requests, :meth:`answers`
     waits for them."""
 
-    def __init__(self, encoder: FakeEncoder, **settings: Any) -> None:
+    def __init__(
+        self, encoder: FakeEncoder, cache: VectorCache | None = None, **settings: Any
+    ) -> None:
+        self.cache = cache
         partitions = {(topic, p) for topic in (TOPIC, BULK_TOPIC) for p in range(3)}
         self.source = FakeSource(partitions)
         self.publisher = FakePublisher()
@@ -193,6 +197,7 @@ class Harness:
             models=[model],
             settings=self.settings,
             metrics=self.metrics,
+            cache=self.cache,
         )
         self.task = asyncio.create_task(self.pipeline.run())
         return self
