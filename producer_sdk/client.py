@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -50,7 +51,7 @@ from schemas.codec import is_valid_topic
 from schemas.headers import routing_headers
 from schemas.v1 import MAX_ID_BYTES
 
-__all__ = ["EmbedClient"]
+__all__ = ["EmbedClient", "content_key"]
 
 log = structlog.get_logger("kembed.sdk")
 
@@ -320,6 +321,7 @@ class EmbedClient:
         dimensions: int | None = None,
         encoding: str = "float32",
         request_id: str | None = None,
+        affinity: bool = False,
     ) -> str:
         """Send one request without waiting for its result; return its request id once the
         broker has acknowledged it (acks=all).
@@ -331,7 +333,9 @@ class EmbedClient:
         back in the result's ``meta`` (see schemas/README.md, "Ingestion conventions").
         ``bulk=True`` sends to ``bulk_topic`` (the bulk lane), ``bulk=False`` to
         ``requests_topic``. The request carries no deadline: it waits in Kafka for a worker
-        as long as the topic keeps it.
+        as long as the topic keeps it. ``affinity=True`` keys the message by a hash of its
+        content (:func:`content_key`), so that the same texts sent again reach the same
+        partition, hence the worker whose vector cache holds them.
 
         Raises TypeError or ValueError for invalid arguments, RequestTooLargeError when the
         encoded request exceeds ``max_request_bytes``, ClientClosedError when the client is
@@ -359,7 +363,7 @@ class EmbedClient:
             raise ValueError(f"dimensions must be a positive integer, not {dimensions!r}")
         self._check_started()
         topic = await self.request_topic(request.model, "bulk" if bulk else "interactive")
-        await self._send(request, topic)
+        await self._send(request, topic, content_key(request) if affinity else None)
         return request.id
 
     def _request(
@@ -425,11 +429,11 @@ class EmbedClient:
             raise RequestTooLargeError(len(value), self.config.max_request_bytes)
         return value
 
-    async def _send(self, request: EmbedRequest, topic: str) -> None:
+    async def _send(self, request: EmbedRequest, topic: str, key: bytes | None = None) -> None:
         """Encode, check the size and send; return once the broker acknowledged it."""
         value = self._encode(request)
         headers = routing_headers(request.id, request.reply_to, request.reply_partition)
-        await self._transport.send(value, headers, topic)
+        await self._transport.send(value, headers, topic, key)
 
     async def _call(self, request: EmbedRequest, timeout: float, topic: str | None = None) -> Any:
         future = self._pending.add(request.id)
@@ -455,6 +459,17 @@ class EmbedClient:
             log.warning("result.malformed", error=exc.message)
             return
         self._pending.resolve(result)
+
+
+def content_key(request: EmbedRequest) -> bytes:
+    """A Kafka message key for ``request`` from what decides its vectors (model, prompt,
+    truncation side, texts): the same content sent again lands on the same partition."""
+    digest = hashlib.blake2b(digest_size=16, person=b"kembed-affinity")
+    options = (request.model, request.prompt, request.prompt_name, request.truncation_direction)
+    for part in (*options, *request.inputs):
+        data = b"\xff" if part is None else part.encode("utf-8", "surrogatepass")
+        digest.update(len(data).to_bytes(8, "little") + data)
+    return digest.digest()
 
 
 def _check_texts(texts: Sequence[str]) -> None:

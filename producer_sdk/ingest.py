@@ -90,6 +90,7 @@ class Submitter(Protocol):
         dimensions: int | None = None,
         encoding: str = "float32",
         request_id: str | None = None,
+        affinity: bool = False,
     ) -> str: ...
 
 
@@ -111,6 +112,7 @@ async def ingest(
     normalize: bool = True,
     dimensions: int | None = None,
     encoding: str = "float32",
+    affinity: bool = False,
 ) -> IngestSummary:
     """Submit ``documents`` in requests of ``batch_size`` (the last may be smaller), with at
     most ``max_in_flight`` requests awaiting the broker at once; return the totals.
@@ -118,7 +120,9 @@ async def ingest(
     ``on_progress`` is called after each acknowledged request with the totals so far. A
     batch whose request would exceed the client's ``max_request_bytes`` is split in halves
     until it fits. The other arguments go to every ``submit`` call (``meta`` is the
-    request-level meta of each request). Keep ``batch_size`` at or below the workers'
+    request-level meta of each request; ``affinity=True`` keys each request by its content,
+    so that re-ingesting the same documents in the same batches reaches the workers whose
+    vector caches hold them). Keep ``batch_size`` at or below the workers'
     ``KEMBED_MAX_CLIENT_BATCH_SIZE`` (default 512).
 
     Raises ValueError for bad arguments before anything is read, and IngestError (with the
@@ -139,6 +143,7 @@ async def ingest(
         "normalize": normalize,
         "dimensions": dimensions,
         "encoding": encoding,
+        "affinity": affinity,
     }
     totals = _Totals(time.monotonic())
 

@@ -327,6 +327,7 @@ class SyncEmbedClient:
         dimensions: int | None = None,
         encoding: str = "float32",
         request_id: str | None = None,
+        affinity: bool = False,
     ) -> str:
         """:meth:`EmbedClient.submit <producer_sdk.EmbedClient.submit>`, blocking: send one
         request without waiting for its result; return its id once the broker has it."""
@@ -345,6 +346,7 @@ class SyncEmbedClient:
                 dimensions=dimensions,
                 encoding=encoding,
                 request_id=request_id,
+                affinity=affinity,
             )
         )
 

@@ -110,15 +110,20 @@ class Transport:
         await self._producer.stop()
 
     async def send(
-        self, value: bytes, headers: Sequence[tuple[str, bytes]], topic: str | None = None
+        self,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]],
+        topic: str | None = None,
+        key: bytes | None = None,
     ) -> None:
         """Return once the request is durably in Kafka (acknowledged by all in-sync replicas).
 
-        ``topic`` defaults to the interactive requests topic. Raises AuthorizationError at
-        once if the topic may not be written."""
+        ``topic`` defaults to the interactive requests topic; ``key``, the message key,
+        picks the partition (none: the producer spreads requests). Raises
+        AuthorizationError at once if the topic may not be written."""
         topic = topic or self._config.requests_topic
         try:
-            await self._producer.send_and_wait(topic, value, headers=list(headers))
+            await self._producer.send_and_wait(topic, value, key=key, headers=list(headers))
         except TopicAuthorizationFailedError:
             raise self._denied("write", topic) from None
 

@@ -5,6 +5,7 @@ command's exit status for bad input (no Kafka needed for any of these)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -28,7 +29,8 @@ from producer_sdk import (
     RequestTooLargeError,
     ingest,
 )
-from schemas import decode_request
+from producer_sdk.client import content_key
+from schemas import EmbedRequest, Encoding, decode_request
 
 # ---------------------------------------------------------------------------- JSONL reader
 
@@ -158,13 +160,20 @@ class FakeClient:
         dimensions: int | None = None,
         encoding: str = "float32",
         request_id: str | None = None,
+        affinity: bool = False,
     ) -> str:
         size = sum(len(t) for t in texts)
         if self.max_bytes is not None and size > self.max_bytes:
             raise RequestTooLargeError(size, self.max_bytes)
         number = len(self.calls)
         self.calls.append(
-            {"texts": list(texts), "keys": keys, "metadata": metadata, "reply_to": reply_to}
+            {
+                "texts": list(texts),
+                "keys": keys,
+                "metadata": metadata,
+                "reply_to": reply_to,
+                "affinity": affinity,
+            }
         )
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
@@ -203,6 +212,37 @@ async def test_ingest_sends_no_metadata_when_no_document_has_any() -> None:
     client = FakeClient(delay=0)
     await ingest(client, [Document("a", 1), Document("b", 2)])
     assert client.calls[0]["metadata"] is None
+
+
+async def test_ingest_asks_for_content_affinity_only_when_told() -> None:
+    client = FakeClient(delay=0)
+    await ingest(client, _documents(3), batch_size=2)
+    await ingest(client, _documents(3), batch_size=2, affinity=True)
+    assert [call["affinity"] for call in client.calls] == [False, False, True, True]
+
+
+def test_the_affinity_key_follows_the_content_not_the_request() -> None:
+    """The same texts under the same model and prompt give the same message key, whatever
+    the request id, keys or output options; any text, its order, the model, the prompt or
+    the truncation side give another."""
+    base = EmbedRequest(id="a", inputs=("one", "two"), model="m")
+    same = [
+        dataclasses.replace(base, id="b", keys=(1, 2), dimensions=8, normalize=False),
+        dataclasses.replace(base, encoding=Encoding.INT8, meta={"x": 1}),
+    ]
+    other = [
+        dataclasses.replace(base, inputs=("two", "one")),
+        dataclasses.replace(base, inputs=("one", "two", "")),
+        dataclasses.replace(base, inputs=("onetwo",)),
+        dataclasses.replace(base, model="n"),
+        dataclasses.replace(base, model=None),
+        dataclasses.replace(base, prompt="query: "),
+        dataclasses.replace(base, prompt_name="query"),
+        dataclasses.replace(base, truncation_direction="left"),
+    ]
+    key = content_key(base)
+    assert all(content_key(r) == key for r in same)
+    assert len({key, *map(content_key, other)}) == len(other) + 1
 
 
 async def test_ingest_accepts_an_async_iterable() -> None:
@@ -313,11 +353,17 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, list[tuple[str, bytes]], str | None]] = []
+        self.keys: list[bytes | None] = []
 
     async def send(
-        self, value: bytes, headers: Sequence[tuple[str, bytes]], topic: str | None = None
+        self,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]],
+        topic: str | None = None,
+        key: bytes | None = None,
     ) -> None:
         self.sent.append((value, list(headers), topic))
+        self.keys.append(key)
 
 
 def _offline_client(**options: Any) -> tuple[EmbedClient, _Recorder]:
@@ -354,6 +400,18 @@ async def test_submit_builds_the_wire_request_with_keys_and_metadata() -> None:
     await client.submit(["c"], bulk=False)
     assert recorder.sent[1][2] == "embed.requests"
     assert decode_request(recorder.sent[1][0]).reply_to == "embed.results"
+    assert recorder.keys == [None, None], "no message key unless affinity is asked for"
+
+
+async def test_submit_with_affinity_keys_the_message_by_its_content() -> None:
+    client, recorder = _offline_client(model="m")
+    await client.submit(["a", "b"], affinity=True)
+    await client.submit(["a", "b"], affinity=True, keys=[1, 2], dimensions=8)
+    await client.submit(["a", "c"], affinity=True)
+    first = decode_request(recorder.sent[0][0])
+    assert recorder.keys[0] == content_key(first)
+    assert recorder.keys[1] == recorder.keys[0]
+    assert recorder.keys[2] != recorder.keys[0]
 
 
 @pytest.mark.parametrize(
