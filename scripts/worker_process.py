@@ -41,6 +41,9 @@ class WorkerProcess:
             # Several workers may run side by side: each takes a free port for its HTTP
             # endpoint unless told otherwise (see http_url).
             "KEMBED_HTTP_PORT": "0",
+            # Tests and benchmarks send the same texts again and again: without the vector
+            # cache they measure the encoder; those about the cache turn it on.
+            "KEMBED_CACHE_BYTES": "0",
             **variables("KEMBED_", settings),
         }
         args = [module, *(["worker"] if module == "kembed_cli" else [])]

@@ -1,0 +1,255 @@
+"""``python -m loadtest.cache``: the worker's vector cache, on against off in the same run.
+
+1. Re-ingesting a corpus: the STS-B test sentences are sent twice through the bulk lane
+   (requests of ``--per-request`` texts), to a worker with the cache off, then to one
+   with the cache on; texts/s of each pass, end to end (first send to last result).
+   Target: second pass with the cache >= 5x the second pass without.
+2. Popular queries: a stream of ``--queries`` single-text requests drawn from the same
+   sentences with Zipf-distributed popularity (exponent ``--zipf``; ranks shuffled with a
+   fixed seed), with a prompt so that none is in the cache yet; the hit rate the worker's
+   metrics count, against the rate an LRU of the same size must reach on that stream
+   (replayed in-process), and the in-process hit rate of smaller caches on it.
+
+One broker and one worker at a time (dtype and torch_compile fixed, no start-up tuning),
+2 CPUs shared with the load generator. Writes ``report.md`` and ``report.json`` to
+``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import tempfile
+import time
+import urllib.request
+from collections import OrderedDict
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from loadtest import e2e
+from loadtest.data import stsb_sentences
+from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
+from scripts.worker_process import WorkerProcess
+
+TARGET = 5.0
+RESULTS = "loadtest.cache.results"
+PROMPT = "query: "
+
+
+def zipf_stream(population: int, count: int, exponent: float, seed: int = 7) -> list[int]:
+    """``count`` draws from ``range(population)``: rank r (1-based) with probability
+    proportional to 1 / r**exponent, ranks assigned to items in a seeded random order."""
+    rng = random.Random(seed)
+    items = list(range(population))
+    rng.shuffle(items)
+    weights = [1 / (rank**exponent) for rank in range(1, population + 1)]
+    return rng.choices(items, weights=weights, k=count)
+
+
+def lru_hit_rate(stream: list[int], capacity: int) -> float:
+    """Hits of an LRU of ``capacity`` entries on ``stream``, as a share of it."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = 0
+    for item in stream:
+        if item in cache:
+            hits += 1
+            cache.move_to_end(item)
+            continue
+        cache[item] = None
+        if len(cache) > capacity:
+            cache.popitem(last=False)
+    return hits / len(stream)
+
+
+def cache_counts(worker: WorkerProcess) -> dict[str, float]:
+    """The worker's cache counters, summed over models."""
+    with urllib.request.urlopen(f"{worker.http_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    totals = {"hits": 0.0, "misses": 0.0, "evictions": 0.0, "bytes": 0.0, "entries": 0.0}
+    for line in text.splitlines():
+        match = re.match(r"kembed_cache_(hits|misses|evictions)_total\{.*\} (\S+)", line)
+        match = match or re.match(r"kembed_cache_(bytes|entries)\{.*\} (\S+)", line)
+        if match:
+            totals[match[1]] += float(match[2])
+    return totals
+
+
+async def _ingest_twice(bootstrap: str, texts: list[str], per_request: int) -> list[e2e.BulkRun]:
+    passes = []
+    for _ in range(2):
+        run = await e2e.bulk(
+            bootstrap, texts, per_request, topic="embed.requests.bulk", reply_topic=RESULTS
+        )
+        if run.errors:
+            raise RuntimeError(f"{run.errors} requests failed")
+        passes.append(run)
+    return passes
+
+
+async def _queries(bootstrap: str, texts: list[str]) -> e2e.BulkRun:
+    return await e2e.bulk(bootstrap, texts, 1, topic="embed.requests", reply_topic=RESULTS)
+
+
+def _worker(kafka: LocalKafka, log: Path, cache_bytes: int, args: argparse.Namespace) -> Any:
+    return WorkerProcess(
+        kafka.bootstrap_servers,
+        log,
+        reply_topics=re.escape(RESULTS),
+        dtype=args.dtype,
+        torch_compile=args.torch_compile,
+        tune_budget_s=0,
+        cache_bytes=cache_bytes,
+        group_id=f"loadtest-cache-{cache_bytes}",
+    )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    sentences = stsb_sentences()[: args.texts]
+    stream = zipf_stream(len(sentences), args.queries, args.zipf)
+    queries = [PROMPT + sentences[i] for i in stream]
+    report: dict[str, Any] = {
+        "texts": len(sentences),
+        "per_request": args.per_request,
+        "dtype": args.dtype,
+        "torch_compile": args.torch_compile,
+        "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    with tempfile.TemporaryDirectory(prefix="kembed-cache-") as tmp:
+        topics = (*DEFAULT_TOPICS, TopicSpec(RESULTS, 4))
+        with LocalKafka(Path(tmp) / "kafka", topics=topics) as kafka:
+            for name, cache_bytes in (("off", 0), ("on", args.cache_bytes)):
+                worker = _worker(kafka, Path(tmp) / f"worker-{name}.log", cache_bytes, args)
+                try:
+                    worker.wait_ready()
+                    passes = asyncio.run(
+                        _ingest_twice(kafka.bootstrap_servers, sentences, args.per_request)
+                    )
+                    report[f"cache_{name}"] = {
+                        "cache_bytes": cache_bytes,
+                        "passes": [asdict(p) | {"texts_per_s": p.texts_per_s} for p in passes],
+                    }
+                    print(name, [round(p.texts_per_s, 1) for p in passes], flush=True)
+                    if name == "on":
+                        before = cache_counts(worker)
+                        started = time.perf_counter()
+                        asyncio.run(_queries(kafka.bootstrap_servers, queries))
+                        seconds = time.perf_counter() - started
+                        after = cache_counts(worker)
+                        hits = after["hits"] - before["hits"]
+                        misses = after["misses"] - before["misses"]
+                        report["zipf"] = {
+                            "exponent": args.zipf,
+                            "queries": len(queries),
+                            "population": len(sentences),
+                            "distinct": len(set(stream)),
+                            "hits": hits,
+                            "misses": misses,
+                            "hit_rate": hits / (hits + misses),
+                            "expected_hit_rate": lru_hit_rate(stream, len(sentences)),
+                            "queries_per_s": len(queries) / seconds,
+                            "cache": after,
+                        }
+                finally:
+                    worker.stop()
+    report["lru_table"] = [
+        {
+            "exponent": exponent,
+            "capacity_share": share,
+            "hit_rate": lru_hit_rate(
+                zipf_stream(len(sentences), args.queries, exponent),
+                max(1, int(share * len(sentences))),
+            ),
+        }
+        for exponent in (0.8, 1.0, 1.2)
+        for share in (0.05, 0.2, 1.0)
+    ]
+    off, on = report["cache_off"]["passes"], report["cache_on"]["passes"]
+    report["second_pass_on_over_off"] = on[1]["texts_per_s"] / off[1]["texts_per_s"]
+    report["first_pass_on_over_off"] = on[0]["texts_per_s"] / off[0]["texts_per_s"]
+    report["target_met"] = report["second_pass_on_over_off"] >= TARGET
+    return report
+
+
+def markdown(report: dict[str, Any], command: str) -> str:
+    off, on = report["cache_off"]["passes"], report["cache_on"]["passes"]
+    zipf = report["zipf"]
+    ratio = report["second_pass_on_over_off"]
+    lines = [
+        "# Vector cache: re-ingestion and popular queries",
+        "",
+        f"`{command}` (under the benchmark lock)",
+        "",
+        f"One broker and one worker at a time (dtype {report['dtype']}, torch_compile "
+        f"{report['torch_compile']}, no start-up tuning), the load generator; 2 CPUs shared "
+        f"by all three. Run {report['when']}.",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | threshold | result |",
+        "| --- | ---: | --- | --- |",
+        f"| re-ingestion texts/s, second pass: cache on / off | {ratio:.1f} | >= {TARGET:g} | "
+        f"{'met' if report['target_met'] else 'MISSED'} |",
+        "",
+        f"## Re-ingesting STS-B ({report['texts']:,} sentences, requests of "
+        f"{report['per_request']} texts, bulk lane)",
+        "",
+        "| worker | first pass texts/s | second pass texts/s |",
+        "| --- | ---: | ---: |",
+        f"| cache off | {off[0]['texts_per_s']:,.0f} | {off[1]['texts_per_s']:,.0f} |",
+        f"| cache on ({report['cache_on']['cache_bytes'] / 2**20:g} MiB) | "
+        f"{on[0]['texts_per_s']:,.0f} | {on[1]['texts_per_s']:,.0f} |",
+        "",
+        f"Second pass, on / off: **{ratio:.1f}x**. First pass (cold cache: every text "
+        f"hashed and stored), on / off: {report['first_pass_on_over_off']:.2f}x.",
+        "",
+        f"## Zipf query stream (exponent {zipf['exponent']}, {zipf['queries']:,} single-text "
+        f"requests over {zipf['population']:,} sentences, {zipf['distinct']:,} distinct)",
+        "",
+        f"Hit rate counted by the worker: **{zipf['hit_rate']:.1%}** ({zipf['hits']:,.0f} "
+        f"hits, {zipf['misses']:,.0f} misses); an LRU holding every sentence must reach "
+        f"{zipf['expected_hit_rate']:.1%} (only first sightings miss). "
+        f"{zipf['queries_per_s']:,.0f} requests/s. Cache afterwards: "
+        f"{zipf['cache']['entries']:,.0f} entries, {zipf['cache']['bytes'] / 2**20:.1f} MiB.",
+        "",
+        "LRU hit rate on Zipf streams of the same length (in-process replay), by cache size "
+        "as a share of the distinct texts:",
+        "",
+        "| exponent | 5% | 20% | 100% |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for exponent in sorted({row["exponent"] for row in report["lru_table"]}):
+        rates = [r["hit_rate"] for r in report["lru_table"] if r["exponent"] == exponent]
+        lines.append(f"| {exponent} | " + " | ".join(f"{rate:.1%}" for rate in rates) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--texts", type=int, default=10_000, help="STS-B sentences (all: ~2.8k)")
+    parser.add_argument("--per-request", type=int, default=64)
+    parser.add_argument("--queries", type=int, default=10_000, help="Zipf stream length")
+    parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent")
+    parser.add_argument("--cache-bytes", type=int, default=256 * 2**20)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--torch-compile", default="off", choices=["auto", "on", "off"])
+    parser.add_argument("--out", type=Path, default=None, help="folder for report.md/.json")
+    args = parser.parse_args()
+    report = run(args)
+    command = "python -m loadtest.cache " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out" and v
+    )
+    text = markdown(report, command)
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / "report.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
