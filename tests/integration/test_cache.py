@@ -1,0 +1,177 @@
+"""The vector cache end to end: the real broker, worker and model answer repeated texts
+from the cache (its metrics say so) with the very bytes of the first answer, under every
+output option, across a restart with a persisted cache, and in order when a request mixes
+cached and new texts."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loadtest.data import stsb_sentences
+from producer_sdk import EmbedClient
+from scripts.kafka_local import LocalKafka, TopicSpec
+from tests.conftest import WorkerProcess
+from worker.encoder.torch_backend import TorchEncoder
+from worker.tokenization import TextTokenizer
+
+pytestmark = pytest.mark.integration
+
+TAG = uuid.uuid4().hex[:6]
+REQUESTS = f"test.cache.requests.{TAG}"
+RESULTS = f"test.cache.results.{TAG}"
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class CacheWorker:
+    """The module's worker (cache on, persisted to ``path``), which a test may restart."""
+
+    def __init__(self, kafka: LocalKafka, folder: Path) -> None:
+        self.kafka = kafka
+        self.folder = folder
+        self.path = folder / "vectors.sqlite"
+        self.starts = 0
+        self.process = self._start()
+
+    def _start(self) -> WorkerProcess:
+        self.starts += 1
+        process = WorkerProcess(
+            self.kafka.bootstrap_servers,
+            self.folder / f"worker-{self.starts}.log",
+            dtype="float32",
+            cache_bytes=64 * 2**20,
+            cache_path=str(self.path),
+            requests_topic=REQUESTS,
+            bulk_topic="",
+            results_topic=RESULTS,
+            group_id=f"cache-{TAG}",
+        )
+        process.wait_ready()
+        return process
+
+    def restart(self) -> None:
+        assert self.process.stop() == 0
+        self.process = self._start()
+
+    def counters(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"{self.process.http_url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        found = {}
+        for name in ("hits_total", "misses_total", "evictions_total", "entries", "bytes"):
+            match = re.search(
+                rf'^kembed_cache_{name}\{{model="{re.escape(MODEL)}"\}} (\S+)$', text, re.M
+            )
+            assert match is not None, name
+            found[name.removesuffix("_total")] = float(match[1])
+        return found
+
+
+@pytest.fixture(scope="module")
+def cache_worker(
+    kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CacheWorker]:
+    kafka.create_topics([TopicSpec(REQUESTS, 2), TopicSpec(RESULTS, 2)])
+    worker = CacheWorker(kafka, tmp_path_factory.mktemp("cache"))
+    yield worker
+    assert worker.process.stop() == 0
+
+
+def _client(kafka: LocalKafka) -> EmbedClient:
+    return EmbedClient(kafka.bootstrap_servers, requests_topic=REQUESTS, reply_topic=RESULTS)
+
+
+def _texts(start: int, count: int) -> list[str]:
+    return stsb_sentences()[start : start + count]
+
+
+OPTIONS: list[dict[str, object]] = [
+    {},
+    {"normalize": False},
+    {"dimensions": 128},
+    {"dimensions": 37, "encoding": "int8"},
+    {"encoding": "float16"},
+    {"encoding": "binary"},
+    {"encoding": "int8", "normalize": False},
+]
+
+
+async def test_repeated_texts_come_from_the_cache_with_the_first_answers_bytes(
+    kafka: LocalKafka, cache_worker: CacheWorker
+) -> None:
+    """The same 20 texts sent twice under each output option: every repeat is a cache hit
+    (the encoder sees only the first request's texts), and each answer's vectors (and
+    int8 scales, and token counts) are the first answer's, byte for byte."""
+    texts = _texts(0, 20)
+    before = cache_worker.counters()
+    async with _client(kafka) as client:
+        for options in OPTIONS:
+            first = await client.embed_result(texts, timeout=60, **options)  # type: ignore[arg-type]
+            again = await client.embed_result(texts, timeout=60, **options)  # type: ignore[arg-type]
+            assert again.vectors.dtype == first.vectors.dtype
+            assert again.vectors.tobytes() == first.vectors.tobytes(), options
+            assert (again.scales is None) == (first.scales is None)
+            if first.scales is not None and again.scales is not None:
+                assert again.scales.tobytes() == first.scales.tobytes()
+            assert again.tokens == first.tokens
+    after = cache_worker.counters()
+    # Only the very first request missed: every other option reads the same entries.
+    assert after["misses"] - before["misses"] == len(texts)
+    assert after["hits"] - before["hits"] == len(texts) * (2 * len(OPTIONS) - 1)
+    assert after["entries"] - before["entries"] == len(texts)
+    assert after["bytes"] > before["bytes"]
+
+
+async def test_a_request_mixing_cached_and_new_texts_keeps_their_order(
+    kafka: LocalKafka, cache_worker: CacheWorker, model_dir: Path
+) -> None:
+    cached = _texts(100, 3)
+    new = _texts(200, 3)
+    mixed = [new[0], cached[2], new[1], cached[0], cached[1], new[2]]
+    async with _client(kafka) as client:
+        first = await client.embed(cached, timeout=60)
+        before = cache_worker.counters()
+        answer = await client.embed_result(mixed, timeout=60)
+    after = cache_worker.counters()
+    assert after["hits"] - before["hits"] == 3
+    assert after["misses"] - before["misses"] == 3
+    for row, position in ((1, 2), (3, 0), (4, 1)):
+        assert answer.vectors[row].tobytes() == first[position].tobytes()
+    # The new texts are their own vectors (the model in-process), in their places.
+    encoder = TorchEncoder(model_dir, "reference")
+    tokenizer = TextTokenizer.from_model_dir(model_dir, encoder.info.max_seq_length)
+    reference = encoder.encode([t.ids for t in tokenizer.encode(mixed)])
+    reference /= np.linalg.norm(reference, axis=1, keepdims=True)
+    cosines = np.sum(answer.vectors * reference, axis=1)
+    assert cosines.min() > 0.9999, cosines
+    assert list(answer.tokens) == [len(t.ids) for t in tokenizer.encode(mixed)]
+
+
+async def test_a_restarted_worker_answers_from_its_persisted_cache(
+    kafka: LocalKafka, cache_worker: CacheWorker
+) -> None:
+    texts = _texts(300, 25)
+    async with _client(kafka) as client:
+        first = await client.embed_result(texts, timeout=60)
+        raw = await client.embed_result(texts, timeout=60, normalize=False, encoding="int8")
+    cache_worker.restart()
+    started = cache_worker.counters()
+    assert started["entries"] >= len(texts), "the restarted worker read the file back"
+    assert started["hits"] == started["misses"] == 0
+    async with _client(kafka) as client:
+        again = await client.embed_result(texts, timeout=60)
+        raw_again = await client.embed_result(texts, timeout=60, normalize=False, encoding="int8")
+    after = cache_worker.counters()
+    assert after["hits"] == 2 * len(texts)
+    assert after["misses"] == 0
+    assert again.vectors.tobytes() == first.vectors.tobytes()
+    assert raw_again.vectors.tobytes() == raw.vectors.tobytes()
+    assert raw_again.scales is not None
+    assert raw.scales is not None
+    assert raw_again.scales.tobytes() == raw.scales.tobytes()
+    assert again.tokens == first.tokens
