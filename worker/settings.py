@@ -349,7 +349,7 @@ class WorkerSettings(KafkaClientSettings):
         "quantization, pooling, prompt, truncation side and limit) is answered with the "
         "vector the encoder returned the first time, without tokenizing or encoding it; "
         "least recently used entries leave first. One entry of a 384-dimension model takes "
-        "~1.7 KB. 0: no cache.",
+        "~1.8 KB. 0: no cache.",
     )
     cache_path: str | None = Field(
         None,
