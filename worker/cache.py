@@ -323,12 +323,18 @@ class VectorCache:
         deleted. Blocking (run it before serving). Returns the entries read."""
         if not self.enabled:
             return 0
-        fingerprints = {name: _model_column(name, path) for name, path in models}
-        store = _SqliteStore(path, fingerprints)
+        fingerprints = {name: _model_column(name, directory) for name, directory in models}
+        try:
+            store, rows = _SqliteStore.opened(path, fingerprints, self.max_bytes)
+        except sqlite3.DatabaseError as exc:  # not a cache file, or a damaged one: start afresh
+            log.warning("cache.file_unreadable", error=type(exc).__name__, reason=str(exc))
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            store, rows = _SqliteStore.opened(path, fingerprints, self.max_bytes)
         loaded = 0
         evicted: list[bytes] = []
         with self._lock:
-            for key, entry in store.read(self.max_bytes):
+            for key, entry in rows:
                 self._add(key, entry, evicted)
                 loaded += 1
         store.start(evicted)
@@ -376,7 +382,19 @@ class _SqliteStore:
         self._queue: queue.SimpleQueue[_Op] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def read(self, max_bytes: int) -> Iterable[tuple[bytes, _Entry]]:
+    @classmethod
+    def opened(
+        cls, path: Path, models: dict[str, bytes], max_bytes: int
+    ) -> tuple[_SqliteStore, list[tuple[bytes, _Entry]]]:
+        """The store of ``path`` and its entries of ``models`` (see :meth:`read`)."""
+        store = cls(path, models)
+        try:
+            return store, store.read(max_bytes)
+        except BaseException:
+            store._db.close()
+            raise
+
+    def read(self, max_bytes: int) -> list[tuple[bytes, _Entry]]:
         """The entries of the served models, least recently used first, at most
         ``max_bytes`` of them (the most recent); others are deleted."""
         db = self._db
@@ -440,7 +458,7 @@ class _SqliteStore:
                     ops.append(self._queue.get(timeout=_WRITE_WAIT_S))
             try:
                 self._apply(ops)
-            except sqlite3.Error as exc:  # the file is a cache: serving goes on without it
+            except Exception as exc:  # noqa: BLE001 (the file is a cache: serving goes on)
                 with contextlib.suppress(sqlite3.Error):
                     self._db.execute("ROLLBACK")
                 log.error("cache.write_failed", error=type(exc).__name__, reason=str(exc))

@@ -354,3 +354,15 @@ async def test_a_pipeline_with_a_zero_byte_cache_encodes_every_time() -> None:
     waves = [options()[0:1], options()[0:1]]
     _, encoder, _ = await answer(VectorCache(0), waves)
     assert sum(len(rows) for rows, _ in encoder.calls) == 8
+
+
+def test_a_file_that_is_no_cache_is_started_afresh(tmp_path: Path) -> None:
+    path = tmp_path / "cache.sqlite"
+    path.write_bytes(b"not a database, " * 512)
+    cache = VectorCache(10 * ENTRY)
+    assert cache.open(path, [("m", INFO.path)]) == 0
+    put(cache, ["a"])
+    cache.close()
+    again = VectorCache(10 * ENTRY)
+    assert again.open(path, [("m", INFO.path)]) == 1
+    again.close()
