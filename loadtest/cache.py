@@ -66,6 +66,40 @@ def lru_hit_rate(stream: list[int], capacity: int) -> float:
     return hits / len(stream)
 
 
+def lookup_cost_us(texts: list[str], dim: int = 384, repeats: int = 5) -> dict[str, float]:
+    """Microseconds per text of the worker's cache lookup (hash and dictionary) in-process,
+    all hits and all misses (best of ``repeats``), and of storing a vector."""
+    import numpy as np
+
+    from worker.cache import CacheNote, VectorCache
+    from worker.encoder import ModelInfo
+
+    info = ModelInfo("bench", Path("bench"), dim, 256, "mean", "float32", "cpu")
+    rows = np.random.default_rng(0).standard_normal((len(texts), dim)).astype(np.float32)
+    figures: dict[str, float] = {}
+    for name in ("miss", "store", "hit"):
+        best = float("inf")
+        for _ in range(repeats):
+            cache = VectorCache(2**30)
+            if name == "hit":
+                keys = cache.lookup("bench", info, "right", texts).keys or []
+                cache.store(
+                    "bench",
+                    info,
+                    zip([CacheNote(k, False) for k in keys], rows, [9] * len(texts), strict=True),
+                )
+            lookup = cache.lookup("bench", info, "right", texts) if name == "store" else None
+            started = time.perf_counter()
+            if name == "store" and lookup is not None:
+                notes = [CacheNote(k, False) for k in lookup.keys or []]
+                cache.store("bench", info, zip(notes, rows, [9] * len(texts), strict=True))
+            else:
+                cache.lookup("bench", info, "right", texts)
+            best = min(best, time.perf_counter() - started)
+        figures[f"{name}_us_per_text"] = best / len(texts) * 1e6
+    return figures
+
+
 def cache_counts(worker: WorkerProcess) -> dict[str, float]:
     """The worker's cache counters, summed over models."""
     with urllib.request.urlopen(f"{worker.http_url}/metrics", timeout=10) as response:
@@ -156,6 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         }
                 finally:
                     worker.stop()
+    report["inprocess"] = lookup_cost_us(sentences)
     report["lru_table"] = [
         {
             "exponent": exponent,
@@ -215,6 +250,11 @@ def markdown(report: dict[str, Any], command: str) -> str:
         f"{zipf['expected_hit_rate']:.1%} (only first sightings miss). "
         f"{zipf['queries_per_s']:,.0f} requests/s. Cache afterwards: "
         f"{zipf['cache']['entries']:,.0f} entries, {zipf['cache']['bytes'] / 2**20:.1f} MiB.",
+        "",
+        "In-process, per text (the worker's lookup before tokenization, and its store after "
+        f"encoding): hit {report['inprocess']['hit_us_per_text']:.1f} us, miss "
+        f"{report['inprocess']['miss_us_per_text']:.1f} us, store "
+        f"{report['inprocess']['store_us_per_text']:.1f} us.",
         "",
         "LRU hit rate on Zipf streams of the same length (in-process replay), by cache size "
         "as a share of the distinct texts:",
