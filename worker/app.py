@@ -491,6 +491,7 @@ def worker_info(settings: WorkerSettings, models: list[ServedModel] | None) -> d
             "results": settings.results_topic,
             "dlq": settings.dlq_topic,
         },
+        "cache": {"max_bytes": settings.cache_bytes, "persisted": bool(settings.cache_path)},
         "group_id": settings.group_id,
         "client_id": settings.client_id,
         "delivery": settings.delivery,

@@ -5,11 +5,13 @@ cached and new texts."""
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,6 +60,11 @@ class CacheWorker:
     def restart(self) -> None:
         assert self.process.stop() == 0
         self.process = self._start()
+
+    def info(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.process.http_url}/info", timeout=10) as response:
+            info: dict[str, Any] = json.loads(response.read())
+        return info
 
     def counters(self) -> dict[str, float]:
         with urllib.request.urlopen(f"{self.process.http_url}/metrics", timeout=10) as response:
@@ -120,6 +127,7 @@ async def test_repeated_texts_come_from_the_cache_with_the_first_answers_bytes(
                 assert again.scales.tobytes() == first.scales.tobytes()
             assert again.tokens == first.tokens
     after = cache_worker.counters()
+    assert cache_worker.info()["cache"] == {"max_bytes": 64 * 2**20, "persisted": True}
     # Only the very first request missed: every other option reads the same entries.
     assert after["misses"] - before["misses"] == len(texts)
     assert after["hits"] - before["hits"] == len(texts) * (2 * len(OPTIONS) - 1)
