@@ -119,15 +119,17 @@ def cache_counts(worker: WorkerProcess) -> dict[str, float]:
     return totals
 
 
-async def _ingest_twice(bootstrap: str, texts: list[str], per_request: int) -> list[e2e.BulkRun]:
+async def _ingest_twice(
+    bootstrap: str, texts: list[str], per_request: int, topic: str
+) -> list[e2e.BulkRun]:
     """An unmeasured warm-up pass over other texts (the first batch shapes), then the same
     texts twice."""
     warm = [WARM_UP + text for text in texts[:1024]]
-    await e2e.bulk(bootstrap, warm, per_request, topic="embed.requests.bulk", reply_topic=RESULTS)
+    await e2e.bulk(bootstrap, warm, per_request, topic=f"{topic}.bulk", reply_topic=RESULTS)
     passes = []
     for _ in range(2):
         run = await e2e.bulk(
-            bootstrap, texts, per_request, topic="embed.requests.bulk", reply_topic=RESULTS
+            bootstrap, texts, per_request, topic=f"{topic}.bulk", reply_topic=RESULTS
         )
         if run.errors:
             raise RuntimeError(f"{run.errors} requests failed")
@@ -135,12 +137,12 @@ async def _ingest_twice(bootstrap: str, texts: list[str], per_request: int) -> l
     return passes
 
 
-async def _queries(bootstrap: str, texts: list[str]) -> e2e.BulkRun:
+async def _queries(bootstrap: str, texts: list[str], topic: str) -> e2e.BulkRun:
     """All at once: as fast as the producer sends them."""
-    return await e2e.bulk(bootstrap, texts, 1, topic="embed.requests", reply_topic=RESULTS)
+    return await e2e.bulk(bootstrap, texts, 1, topic=topic, reply_topic=RESULTS)
 
 
-async def _paced(bootstrap: str, texts: list[str], rate: float) -> float:
+async def _paced(bootstrap: str, texts: list[str], rate: float, topic: str) -> float:
     """One single-text request every 1/``rate`` s (open loop); seconds until the last
     answer."""
     requests = [EmbedRequest(id=uuid.uuid4().hex, inputs=(t,), reply_to=RESULTS) for t in texts]
@@ -159,7 +161,7 @@ async def _paced(bootstrap: str, texts: list[str], rate: float) -> float:
         async def send() -> None:
             for n, request in enumerate(requests):
                 await asyncio.sleep(max(0.0, started + n / rate - loop.time()))
-                await producer.send("embed.requests", encode_request(request))
+                await producer.send(topic, encode_request(request))
 
         sending = asyncio.create_task(send())
         while pending:
@@ -196,9 +198,9 @@ def _zipf(
         queries = [prompt + sentences[i] for i in stream]
         before = cache_counts(worker)
         if mode == "burst":
-            seconds = asyncio.run(_queries(kafka.bootstrap_servers, queries)).seconds
+            seconds = asyncio.run(_queries(kafka.bootstrap_servers, queries, _topic("on"))).seconds
         else:
-            seconds = asyncio.run(_paced(kafka.bootstrap_servers, queries, args.rate))
+            seconds = asyncio.run(_paced(kafka.bootstrap_servers, queries, args.rate, _topic("on")))
         after = cache_counts(worker)
         hits = after["hits"] - before["hits"]
         misses = after["misses"] - before["misses"]
@@ -213,7 +215,14 @@ def _zipf(
     return out
 
 
-def _worker(kafka: LocalKafka, log: Path, cache_bytes: int, args: argparse.Namespace) -> Any:
+def _topic(name: str) -> str:
+    """Each worker its own request topics: a worker never sees the other's requests."""
+    return f"loadtest.cache.{name}"
+
+
+def _worker(
+    kafka: LocalKafka, name: str, log: Path, cache_bytes: int, args: argparse.Namespace
+) -> Any:
     return WorkerProcess(
         kafka.bootstrap_servers,
         log,
@@ -222,7 +231,9 @@ def _worker(kafka: LocalKafka, log: Path, cache_bytes: int, args: argparse.Names
         torch_compile=args.torch_compile,
         tune_budget_s=0,
         cache_bytes=cache_bytes,
-        group_id=f"loadtest-cache-{cache_bytes}",
+        group_id=f"loadtest-cache-{name}",
+        requests_topic=_topic(name),
+        bulk_topic=f"{_topic(name)}.bulk",
     )
 
 
@@ -237,14 +248,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
     with tempfile.TemporaryDirectory(prefix="kembed-cache-") as tmp:
-        topics = (*DEFAULT_TOPICS, TopicSpec(RESULTS, 4))
+        topics = [
+            *DEFAULT_TOPICS,
+            TopicSpec(RESULTS, 4),
+            *(TopicSpec(f"{_topic(n)}{s}", 2) for n in ("off", "on") for s in ("", ".bulk")),
+        ]
         with LocalKafka(Path(tmp) / "kafka", topics=topics) as kafka:
             for name, cache_bytes in (("off", 0), ("on", args.cache_bytes)):
-                worker = _worker(kafka, Path(tmp) / f"worker-{name}.log", cache_bytes, args)
+                log = Path(tmp) / f"worker-{name}.log"
+                worker = _worker(kafka, name, log, cache_bytes, args)
                 try:
                     worker.wait_ready()
                     passes = asyncio.run(
-                        _ingest_twice(kafka.bootstrap_servers, sentences, args.per_request)
+                        _ingest_twice(
+                            kafka.bootstrap_servers, sentences, args.per_request, _topic(name)
+                        )
                     )
                     report[f"cache_{name}"] = {
                         "cache_bytes": cache_bytes,
