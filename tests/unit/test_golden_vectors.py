@@ -12,6 +12,7 @@ import pytest
 from kembed_shared.ports import Record
 from schemas import (
     DEFAULT_RESULTS_TOPIC,
+    EmbedResult,
     Encoding,
     ErrorCode,
     SchemaError,
@@ -80,8 +81,9 @@ def test_golden_vectors_cover_chunking() -> None:
     assert mean_request["chunk_pooling"] == "mean"
     for name, rows in (("result-chunks", 3), ("result-chunks-mean", 2)):
         decoded = decode_result(bytes.fromhex(next(c for c in VALID if c["name"] == name)["hex"]))
+        assert isinstance(decoded, EmbedResult), name
         assert decoded.count == rows, name
-        assert getattr(decoded, "chunks", None) == (2, 1)
+        assert decoded.chunks == (2, 1)
     text = request["inputs"][0]
     assert text[0:44].endswith("longer.")
     assert text[16:55].startswith("Second")
