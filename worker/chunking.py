@@ -40,6 +40,9 @@ __all__ = [
 ]
 
 _SENTENCE_ENDS = frozenset(".!?")
+# Full-width sentence ends (Chinese, Japanese): such text has no spaces between sentences,
+# so a cut right after one of these is a sentence boundary without whitespace.
+_FULL_WIDTH_ENDS = frozenset("\u3002\uff01\uff1f")  # ideographic full stop, full-width ! and ?
 _LINE_BREAKS = frozenset("\n\r\u2028\u2029\x0b\x0c\x85")
 
 
@@ -187,12 +190,16 @@ def _boundary(
 ) -> int:
     """Where a chunk ending at token ``end`` at the latest (``end`` < all tokens), and at
     ``lowest`` at the earliest, should end: the last sentence boundary between two tokens
-    in the window's last tenth, else the last whitespace there, else ``end``."""
+    in the window's last tenth (``.!?`` or a line break then whitespace, or a full-width
+    sentence end: ideographic full stop, full-width exclamation or question mark), else
+    the last whitespace there, else ``end``."""
     lowest = max(lowest, end - max(1, window // 10) + 1)
     spaced = None
     for cut in range(end, lowest - 1, -1):
         left, right = offsets[cut - 1][1], offsets[cut][0]
         gap = text[left:right]
+        if text[left - 1] in _FULL_WIDTH_ENDS:
+            return cut
         if not any(char.isspace() for char in gap):
             continue
         if text[left - 1] in _SENTENCE_ENDS or any(char in _LINE_BREAKS for char in gap):

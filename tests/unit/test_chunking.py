@@ -232,8 +232,20 @@ def test_without_a_sentence_end_the_cut_is_at_whitespace() -> None:
     assert all(text[start:end].startswith("don") for start, end in spans)
 
 
+def test_a_full_width_sentence_end_is_a_boundary_without_whitespace() -> None:
+    """Chinese has no spaces: a chunk ends right after a 。 in its last tenth."""
+    text = "\u4e2d" * 95 + "\u3002" + "\u6587" * 200  # 中...。文...: one token a character
+    (first, *_) = chunker().split(text, Chunking(102))
+    assert text[: first[1]].endswith("\u3002")
+    assert chunker().count(text[: first[1]]) == 98  # 96 characters + [CLS] + [SEP]
+    early = "\u4e2d" * 80 + "\u3002" + "\u6587" * 200  # before the last tenth: ignored
+    (first, *_) = chunker().split(early, Chunking(102))
+    assert chunker().count(early[: first[1]]) == 102
+
+
 def test_without_whitespace_the_cut_is_exactly_at_the_window() -> None:
-    text = "".join(sentences()[400:420])  # Chinese: one token per character, no spaces
+    # Chinese: one token per character, no spaces (and no sentence ends, which would win)
+    text = "".join(sentences()[400:420]).translate(dict.fromkeys(map(ord, "\u3002\uff01\uff1f")))
     spans = chunker().split(text, Chunking(22))
     full = [chunker().count(text[s:e]) for s, e in spans[:-1]]
     assert len(full) > 5
