@@ -72,7 +72,9 @@ def test_served_shapes_after_the_build_compile_nothing_more() -> None:
 def compiling_worker(
     kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
-    kafka.create_topics([TopicSpec(REQUESTS, 2), TopicSpec(RESULTS, 2)])
+    kafka.create_topics(
+        [TopicSpec(REQUESTS, 2), TopicSpec(f"{REQUESTS}.bulk", 1), TopicSpec(RESULTS, 2)]
+    )
     process = WorkerProcess(
         kafka.bootstrap_servers,
         tmp_path_factory.mktemp("tune") / "worker.log",
