@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from loadtest.data import stsb_sentences
-from producer_sdk import EmbedClient
+from producer_sdk import ChunkedEmbeddings, Chunking, EmbedClient
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
 from worker.encoder.torch_backend import TorchEncoder
@@ -183,3 +183,30 @@ async def test_a_restarted_worker_answers_from_its_persisted_cache(
     assert raw.scales is not None
     assert raw_again.scales.tobytes() == raw.scales.tobytes()
     assert again.tokens == first.tokens
+
+
+async def test_chunks_are_cached_as_the_inputs_they_become(
+    kafka: LocalKafka, cache_worker: CacheWorker
+) -> None:
+    """A long document chunked twice: the second time every chunk is a hit, and the chunk
+    vectors, spans and token counts are the first answer's; mean pooling over the cached
+    chunks needs no encoder either."""
+    document = " ".join(_texts(400, 60))
+    chunking = Chunking(max_tokens=64, overlap_tokens=8)
+    async with _client(kafka) as client:
+        first = await client.embed([document], chunking=chunking, timeout=60)
+        before = cache_worker.counters()
+        again = await client.embed([document], chunking=chunking, timeout=60)
+        pooled = await client.embed([document], chunking=chunking, chunk_pooling="mean", timeout=60)
+    after = cache_worker.counters()
+    assert isinstance(first, ChunkedEmbeddings)
+    assert isinstance(again, ChunkedEmbeddings)
+    chunks = sum(first.chunks)
+    assert chunks >= 5
+    assert after["hits"] - before["hits"] == 2 * chunks
+    assert after["misses"] == before["misses"]
+    assert again.vectors.tobytes() == first.vectors.tobytes()
+    assert again.spans == first.spans
+    assert again.tokens == first.tokens
+    mean = first.vectors.astype(np.float64).mean(axis=0)
+    assert float(np.asarray(pooled)[0] @ (mean / np.linalg.norm(mean))) > 0.9999
