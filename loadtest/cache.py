@@ -149,12 +149,7 @@ async def _paced(bootstrap: str, texts: list[str], rate: float, topic: str) -> f
     pending = {request.id for request in requests}
     consumer = AIOKafkaConsumer(RESULTS, bootstrap_servers=bootstrap, group_id=None)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await consumer.start()
-    await producer.start()
-    try:
-        await consumer.seek_to_end()
-        for tp in consumer.assignment():
-            await consumer.position(tp)
+    async with e2e.reading_replies(consumer, producer):
         loop = asyncio.get_running_loop()
         started = loop.time()
 
@@ -172,9 +167,6 @@ async def _paced(bootstrap: str, texts: list[str], rate: float, topic: str) -> f
                     pending.discard(dict(record.headers).get(CORRELATION_ID, b"").decode())
         await sending
         return loop.time() - started
-    finally:
-        await producer.stop()
-        await consumer.stop()
 
 
 def _zipf(

@@ -39,6 +39,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from loadtest.data import stsb_sentences
+from loadtest.e2e import reading_replies
 from schemas import EmbedRequest, EmbedResult, decode_result, encode_request
 from schemas.headers import CORRELATION_ID
 from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
@@ -139,12 +140,7 @@ async def drive(
         max_partition_fetch_bytes=16 * 1024 * 1024,
     )
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=1 << 20)
-    await consumer.start()
-    await producer.start()
-    try:
-        await consumer.seek_to_end()
-        for tp in consumer.assignment():
-            await consumer.position(tp)
+    async with reading_replies(consumer, producer):
         started = time.perf_counter()
         sends = [await producer.send(topic, value) for value in encoded]
         await asyncio.gather(*sends)
@@ -173,9 +169,6 @@ async def drive(
                         run.errors += 1
         run.seconds = time.perf_counter() - started
         run.missing = len(expected) - len(seen)
-    finally:
-        await producer.stop()
-        await consumer.stop()
     return run
 
 

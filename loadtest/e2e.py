@@ -10,10 +10,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from producer_sdk import EmbedClient
 from schemas import EmbedRequest, EmbedResult, decode_result, encode_request
 from schemas.headers import CORRELATION_ID
 
-__all__ = ["BulkRun", "bulk", "interactive"]
+__all__ = ["BulkRun", "bulk", "interactive", "reading_replies"]
 
 
 @dataclass
@@ -40,6 +41,24 @@ class BulkRun:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+
+@contextlib.asynccontextmanager
+async def reading_replies(
+    consumer: AIOKafkaConsumer, producer: AIOKafkaProducer
+) -> AsyncIterator[None]:
+    """Start both, with ``consumer`` positioned at the end of its topic (only the answers
+    to what is sent from here count); stop both on the way out."""
+    await consumer.start()
+    await producer.start()
+    try:
+        await consumer.seek_to_end()
+        for tp in consumer.assignment():
+            await consumer.position(tp)
+        yield
+    finally:
+        await producer.stop()
+        await consumer.stop()
 
 
 async def bulk(
@@ -70,12 +89,7 @@ async def bulk(
         reply_topic, bootstrap_servers=bootstrap, group_id=None, isolation_level=isolation_level
     )
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    await consumer.start()
-    await producer.start()
-    try:
-        await consumer.seek_to_end()
-        for tp in consumer.assignment():
-            await consumer.position(tp)
+    async with reading_replies(consumer, producer):
         started = time.perf_counter()
         for request in requests:
             await producer.send(topic, encode_request(request))
@@ -97,9 +111,6 @@ async def bulk(
                     else:
                         run.errors += 1
         run.seconds = time.perf_counter() - started
-    finally:
-        await producer.stop()
-        await consumer.stop()
     return run
 
 
