@@ -4,8 +4,10 @@ from schemas.codec import decode_request, decode_result, encode_request, encode_
 from schemas.encodings import Encoding
 from schemas.errors import Envelope, ErrorCode, SchemaError
 from schemas.v1 import (
+    CHUNK_POOLINGS,
     DEFAULT_RESULTS_TOPIC,
     VERSION,
+    Chunking,
     EmbedRequest,
     EmbedResult,
     ErrorInfo,
@@ -14,8 +16,10 @@ from schemas.v1 import (
 )
 
 __all__ = [
+    "CHUNK_POOLINGS",
     "DEFAULT_RESULTS_TOPIC",
     "VERSION",
+    "Chunking",
     "EmbedRequest",
     "EmbedResult",
     "Encoding",

@@ -23,16 +23,20 @@ import msgpack
 from schemas.encodings import Encoding, row_bytes
 from schemas.errors import Envelope, ErrorCode, SchemaError
 from schemas.v1 import (
+    CHUNK_POOLINGS,
     MAX_ID_BYTES,
     MAX_TOPIC_LENGTH,
     TRUNCATION_DIRECTIONS,
     VERSION,
+    Chunking,
     EmbedRequest,
     EmbedResult,
     ErrorInfo,
     ErrorResult,
     Key,
     Result,
+    Span,
+    chunking_problem,
 )
 
 __all__ = [
@@ -80,6 +84,13 @@ def encode_request(request: EmbedRequest) -> bytes:
     _put(body, "reply_partition", request.reply_partition)
     _put(body, "keys", None if request.keys is None else list(request.keys))
     _put(body, "meta", request.meta)
+    if request.chunking is not None:
+        chunking: dict[str, int] = {"max_tokens": request.chunking.max_tokens}
+        if request.chunking.overlap_tokens:
+            chunking["overlap_tokens"] = request.chunking.overlap_tokens
+        body["chunking"] = chunking
+    if request.chunk_pooling != "none":
+        body["chunk_pooling"] = request.chunk_pooling
     return _pack(body)
 
 
@@ -99,6 +110,9 @@ def encode_result(result: Result) -> bytes:
         body["error"] = error
     _put(body, "keys", None if result.keys is None else list(result.keys))
     _put(body, "meta", result.meta)
+    if isinstance(result, EmbedResult):
+        _put(body, "chunks", None if result.chunks is None else list(result.chunks))
+        _put(body, "spans", None if result.spans is None else [list(s) for s in result.spans])
     return _pack(body)
 
 
@@ -190,6 +204,10 @@ def decode_result(data: bytes) -> Result:
             _fail(f"'scales' holds {len(scales)} bytes, expected {len(tokens)} float32")
     elif scales is not None:
         _fail(f"'scales' is only valid with dtype int8, not {dtype}")
+    chunks = _optional(body, "chunks", _chunk_counts)
+    spans = _optional(body, "spans", _spans)
+    if chunks is not None or spans is not None:
+        _check_chunks(chunks, spans, len(tokens))
     return EmbedResult(
         requested_ms=_optional(body, "requested_ms", _non_negative),
         id=result_id,
@@ -201,7 +219,23 @@ def decode_result(data: bytes) -> Result:
         keys=keys,
         meta=meta,
         scales=scales,
+        chunks=chunks,
+        spans=spans,
     )
+
+
+def _check_chunks(
+    chunks: tuple[int, ...] | None, spans: tuple[Span, ...] | None, rows: int
+) -> None:
+    """``chunks`` and ``spans`` come together: one span per chunk, and one row per chunk
+    (``chunk_pooling`` none) or per input (mean)."""
+    if chunks is None or spans is None:
+        _fail("'chunks' and 'spans' must be given together")
+    total = sum(chunks)
+    if len(spans) != total:
+        _fail(f"'spans' has {len(spans)} entries for {total} chunks")
+    if rows not in (total, len(chunks)):
+        _fail(f"{rows} vectors for {len(chunks)} inputs in {total} chunks")
 
 
 def _packed_value(data: bytes, key: str) -> bytes:
@@ -308,6 +342,10 @@ def _request_from_map(body: dict[str, Any]) -> EmbedRequest:
     prompt_name = _optional(body, "prompt_name", _non_empty_str)
     if prompt is not None and prompt_name is not None:
         _fail("'prompt' and 'prompt_name' are exclusive: give the text or the name")
+    chunking = _optional(body, "chunking", _chunking)
+    chunk_pooling = _optional(body, "chunk_pooling", _chunk_pooling) or "none"
+    if chunk_pooling != "none" and chunking is None:
+        _fail(f"'chunk_pooling' {chunk_pooling!r} needs 'chunking'")
     return EmbedRequest(
         id=request_id,
         inputs=inputs,
@@ -324,6 +362,8 @@ def _request_from_map(body: dict[str, Any]) -> EmbedRequest:
         reply_partition=_optional(body, "reply_partition", _non_negative),
         keys=keys,
         meta=meta,
+        chunking=chunking,
+        chunk_pooling=chunk_pooling,
     )
 
 
@@ -485,6 +525,50 @@ def _int_list(value: object) -> list[int]:
     if not isinstance(value, list):
         raise _MistypedError("must be an array of integers")
     return [_int(item) for item in value]
+
+
+def _chunking(value: object) -> Chunking:
+    if not isinstance(value, dict):
+        raise _MistypedError("must be a map with 'max_tokens' and optionally 'overlap_tokens'")
+    unknown = sorted(str(key) for key in value if key not in ("max_tokens", "overlap_tokens"))
+    if unknown:
+        raise _MistypedError(f"has unknown keys {', '.join(map(repr, unknown))}")
+    if value.get("max_tokens") is None:
+        raise _MistypedError("must hold 'max_tokens'")
+    overlap = value.get("overlap_tokens")
+    overlap = 0 if overlap is None else overlap
+    problem = chunking_problem(value["max_tokens"], overlap)
+    if problem is not None:
+        _fail(problem)
+    return Chunking(value["max_tokens"], overlap)
+
+
+def _chunk_pooling(value: object) -> str:
+    text = _str(value)
+    if text not in CHUNK_POOLINGS:
+        raise _MistypedError(f"must be one of {', '.join(CHUNK_POOLINGS)}")
+    return text
+
+
+def _chunk_counts(value: object) -> tuple[int, ...]:
+    counts = _int_list(value)
+    if any(count < 1 for count in counts):
+        raise _MistypedError("must hold integers >= 1")
+    return tuple(counts)
+
+
+def _spans(value: object) -> tuple[Span, ...]:
+    if not isinstance(value, list):
+        raise _MistypedError("must be an array of [start, end] pairs")
+    spans: list[Span] = []
+    for index, item in enumerate(value):
+        if not (isinstance(item, list) and len(item) == 2):
+            raise _MistypedError(f"[{index}] must be a [start, end] pair")
+        start, end = _int(item[0]), _int(item[1])
+        if not 0 <= start < end:
+            raise _MistypedError(f"[{index}] must have 0 <= start < end, not [{start}, {end}]")
+        spans.append((start, end))
+    return tuple(spans)
 
 
 def _meta(value: object) -> dict[str, Any]:

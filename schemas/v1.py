@@ -15,16 +15,20 @@ from schemas.encodings import Encoding
 from schemas.errors import ErrorCode
 
 __all__ = [
+    "CHUNK_POOLINGS",
     "DEFAULT_RESULTS_TOPIC",
     "MAX_ID_BYTES",
     "MAX_TOPIC_LENGTH",
     "TRUNCATION_DIRECTIONS",
     "VERSION",
+    "Chunking",
     "EmbedRequest",
     "EmbedResult",
     "ErrorInfo",
     "ErrorResult",
     "Result",
+    "Span",
+    "chunking_problem",
     "pack_float32",
     "unpack_float32",
 ]
@@ -34,8 +38,43 @@ MAX_ID_BYTES = 256
 MAX_TOPIC_LENGTH = 249
 TRUNCATION_DIRECTIONS = ("right", "left")
 DEFAULT_RESULTS_TOPIC = "embed.results"
+CHUNK_POOLINGS = ("none", "mean")
 
 Key = str | int
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Chunking:
+    """A request's ``chunking``: cut each input into windows of at most ``max_tokens``
+    tokens (special and prompt tokens included) that overlap by ``overlap_tokens``.
+
+    Raises ValueError for numbers no model could accept; whether the window leaves room
+    for text depends on the model, and the worker checks that."""
+
+    max_tokens: int
+    overlap_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        problem = chunking_problem(self.max_tokens, self.overlap_tokens)
+        if problem is not None:
+            raise ValueError(problem)
+
+
+def chunking_problem(max_tokens: object, overlap_tokens: object) -> str | None:
+    """Why ``max_tokens`` and ``overlap_tokens`` are not a valid ``chunking``, or None."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        return "'chunking.max_tokens' must be an integer"
+    if isinstance(overlap_tokens, bool) or not isinstance(overlap_tokens, int):
+        return "'chunking.overlap_tokens' must be an integer"
+    if max_tokens < 1:
+        return f"'chunking.max_tokens' must be >= 1, not {max_tokens}"
+    if not 0 <= overlap_tokens < max_tokens:
+        return (
+            f"'chunking.overlap_tokens' must be in 0..{max_tokens - 1} "
+            f"(below max_tokens {max_tokens}), not {overlap_tokens}"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +96,9 @@ class EmbedRequest:
     reply_partition: int | None = None
     keys: tuple[Key, ...] | None = None
     meta: dict[str, Any] | None = None
+    chunking: Chunking | None = None
+    chunk_pooling: str = "none"
+    """``none`` (one vector per chunk) or ``mean`` (one per input); only with ``chunking``."""
 
     @property
     def reply_topic(self) -> str:
@@ -81,6 +123,11 @@ class EmbedResult:
     requested_ms: int | None = None
     """When the request was produced (its Kafka record timestamp, Unix epoch ms): the
     version of these vectors, by which a sink keeps the newest answer per key."""
+    chunks: tuple[int, ...] | None = None
+    """With ``chunking``: per input, how many chunks it was cut into."""
+    spans: tuple[Span, ...] | None = None
+    """With ``chunking``: per chunk (inputs in order), its ``[start, end)`` code-point
+    offsets into the input as sent."""
 
     @property
     def count(self) -> int:
