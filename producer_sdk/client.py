@@ -36,9 +36,11 @@ from producer_sdk.errors import (
     RequestTooLargeError,
     UnexpectedEncodingError,
 )
+from producer_sdk.ingest import check_chunk_options
 from producer_sdk.pending import PendingCalls
 from producer_sdk.transport import Transport
 from schemas import (
+    Chunking,
     EmbedRequest,
     Encoding,
     ErrorResult,
@@ -320,6 +322,8 @@ class EmbedClient:
         dimensions: int | None = None,
         encoding: str = "float32",
         request_id: str | None = None,
+        chunking: Chunking | None = None,
+        chunk_pooling: str = "none",
     ) -> str:
         """Send one request without waiting for its result; return its request id once the
         broker has acknowledged it (acks=all).
@@ -332,6 +336,8 @@ class EmbedClient:
         ``bulk=True`` sends to ``bulk_topic`` (the bulk lane), ``bulk=False`` to
         ``requests_topic``. The request carries no deadline: it waits in Kafka for a worker
         as long as the topic keeps it.
+        ``chunking`` cuts each text into windows of tokens (one vector per chunk, or per
+        text with ``chunk_pooling="mean"``; see schemas/README.md, "Chunking").
 
         Raises TypeError or ValueError for invalid arguments, RequestTooLargeError when the
         encoded request exceeds ``max_request_bytes``, ClientClosedError when the client is
@@ -352,6 +358,9 @@ class EmbedClient:
             meta=_combined_meta(meta, metadata, len(texts)),
             request_id=request_id,
         )
+        check_chunk_options(chunking, chunk_pooling)
+        if chunking is not None:
+            request = dataclasses.replace(request, chunking=chunking, chunk_pooling=chunk_pooling)
         if not all(request.inputs):
             index = request.inputs.index("")
             raise ValueError(f"texts[{index}] is empty; the worker refuses empty inputs")

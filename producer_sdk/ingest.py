@@ -53,6 +53,7 @@ __all__ = [
     "JsonlError",
     "JsonlReader",
     "Submitter",
+    "check_chunk_options",
     "estimated_chunks",
     "ingest",
 ]
@@ -161,10 +162,7 @@ async def ingest(
         raise ValueError(
             f"chunks_per_request must be a positive integer, not {chunks_per_request!r}"
         )
-    if chunk_pooling not in ("none", "mean"):
-        raise ValueError(f"chunk_pooling must be 'none' or 'mean', not {chunk_pooling!r}")
-    if chunk_pooling != "none" and chunking is None:
-        raise ValueError("chunk_pooling needs chunking")
+    check_chunk_options(chunking, chunk_pooling)
     if chunk_pooling == "mean":
         meta = {**(meta or {}), CHUNK_POOLING_META: "mean"}
     options: dict[str, Any] = {
@@ -256,6 +254,17 @@ async def _submit(client: Submitter, batch: list[Document], options: dict[str, A
             client, batch[half:], options
         )
     return 1
+
+
+def check_chunk_options(chunking: Chunking | None, chunk_pooling: str) -> None:
+    """Raise ValueError unless ``chunk_pooling`` is ``"none"``, or ``"mean"`` with
+    ``chunking`` (a ``Chunking``)."""
+    if chunking is not None and not isinstance(chunking, Chunking):
+        raise TypeError(f"chunking must be a Chunking, not {type(chunking).__name__}")
+    if chunk_pooling not in ("none", "mean"):
+        raise ValueError(f"chunk_pooling must be 'none' or 'mean', not {chunk_pooling!r}")
+    if chunk_pooling != "none" and chunking is None:
+        raise ValueError("chunk_pooling needs chunking")
 
 
 def estimated_chunks(text: str, chunking: Chunking) -> int:

@@ -36,7 +36,7 @@ from producer_sdk.client import EmbedClient
 from producer_sdk.config import ClientConfig
 from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import ClientClosedError
-from schemas import Encoding
+from schemas import Chunking, Encoding
 
 __all__ = ["SyncEmbedClient"]
 
@@ -327,6 +327,8 @@ class SyncEmbedClient:
         dimensions: int | None = None,
         encoding: str = "float32",
         request_id: str | None = None,
+        chunking: Chunking | None = None,
+        chunk_pooling: str = "none",
     ) -> str:
         """:meth:`EmbedClient.submit <producer_sdk.EmbedClient.submit>`, blocking: send one
         request without waiting for its result; return its id once the broker has it."""
@@ -345,6 +347,8 @@ class SyncEmbedClient:
                 dimensions=dimensions,
                 encoding=encoding,
                 request_id=request_id,
+                chunking=chunking,
+                chunk_pooling=chunk_pooling,
             )
         )
 

@@ -392,9 +392,7 @@ class PostgresStore:
             errors.sort(key=_severity)
             raise errors[0]
 
-    def _write(
-        self, writer: int, rows: Sequence[Row], docs: _Documents | None = None
-    ) -> None:
+    def _write(self, writer: int, rows: Sequence[Row], docs: _Documents | None = None) -> None:
         """One transaction on one writer's connection: COPY ``rows`` into the staging
         table, move them into the table under the version rule, and remove the chunks
         ``docs`` no longer have."""

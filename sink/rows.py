@@ -197,7 +197,8 @@ def _chunk_rows(
     version: int,
 ) -> list[Row]:
     """Row ``{keys[i]}#{k}`` per chunk ``k`` of input ``i``, with the chunk's metadata."""
-    assert result.chunks is not None and result.spans is not None  # _per_chunk checked
+    assert result.chunks is not None  # _per_chunk checked both
+    assert result.spans is not None
     raw_keys = result.keys or ()
     rows = []
     position = 0
