@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 DIM = 8
 
 
-def _result(docs: dict[str, int], version: int, seed: int = 0) -> list[Row]:
+def chunk_rows(docs: dict[str, int] | dict[int, int], version: int, seed: int = 0) -> list[Row]:
     """The rows of one chunked result: document key -> its number of chunks (spans of 10
     characters each), through the wire codec and the sink's row building."""
     count = sum(docs.values())
@@ -38,7 +38,7 @@ def _result(docs: dict[str, int], version: int, seed: int = 0) -> list[Row]:
         vectors=vectors.tobytes(),
         tokens=(12,) * count,
         keys=tuple(docs),
-        meta={"docs": [{"title": key.upper()} for key in docs]},
+        meta={"docs": [{"title": str(key).upper()} for key in docs]},
         requested_ms=version,
         chunks=tuple(docs.values()),
         spans=tuple((10 * k, 10 * k + 12) for n in docs.values() for k in range(n)),
@@ -73,7 +73,7 @@ def _stored(postgres: LocalPostgres, table: str) -> dict[str, tuple[int, dict[st
 def test_chunks_are_rows_and_a_shorter_version_removes_the_extra_ones(
     postgres: LocalPostgres, store: PostgresStore, table: str
 ) -> None:
-    store.upsert(_result({"a": 5, "b": 2}, version=10))
+    store.upsert(chunk_rows({"a": 5, "b": 2}, version=10))
     stored = _stored(postgres, table)
     assert sorted(stored) == ["a#0", "a#1", "a#2", "a#3", "a#4", "b#0", "b#1"]
     assert stored["a#3"][1] == {
@@ -83,7 +83,7 @@ def test_chunks_are_rows_and_a_shorter_version_removes_the_extra_ones(
         "start_char": 30,
         "end_char": 42,
     }
-    store.upsert(_result({"a": 2}, version=20, seed=1))
+    store.upsert(chunk_rows({"a": 2}, version=20, seed=1))
     stored = _stored(postgres, table)
     assert sorted(stored) == ["a#0", "a#1", "b#0", "b#1"]
     assert {key: v for key, (v, _) in stored.items()} == {
@@ -92,16 +92,16 @@ def test_chunks_are_rows_and_a_shorter_version_removes_the_extra_ones(
         "b#0": 10,
         "b#1": 10,
     }
-    store.upsert(_result({"a": 2}, version=20, seed=1))  # a replay: nothing changes
+    store.upsert(chunk_rows({"a": 2}, version=20, seed=1))  # a replay: nothing changes
     assert _stored(postgres, table) == stored
 
 
 def test_an_older_longer_version_arriving_late_does_not_bring_chunks_back(
     postgres: LocalPostgres, store: PostgresStore, table: str
 ) -> None:
-    store.upsert(_result({"a": 5}, version=10))
-    store.upsert(_result({"a": 2}, version=30, seed=1))
-    store.upsert(_result({"a": 4}, version=20, seed=2))  # older than the stored, longer
+    store.upsert(chunk_rows({"a": 5}, version=10))
+    store.upsert(chunk_rows({"a": 2}, version=30, seed=1))
+    store.upsert(chunk_rows({"a": 4}, version=20, seed=2))  # older than the stored, longer
     stored = _stored(postgres, table)
     assert {key: v for key, (v, _) in stored.items()} == {"a#0": 30, "a#1": 30}
 
@@ -110,8 +110,8 @@ def test_an_older_longer_version_arriving_late_does_not_bring_chunks_back(
 def test_two_versions_in_one_batch_keep_only_the_newer_ones_chunks(
     postgres: LocalPostgres, store: PostgresStore, table: str, order: str
 ) -> None:
-    store.upsert(_result({"a": 6}, version=5))
-    newer, older = _result({"a": 2}, version=30, seed=1), _result({"a": 4}, version=20)
+    store.upsert(chunk_rows({"a": 6}, version=5))
+    newer, older = chunk_rows({"a": 2}, version=30, seed=1), chunk_rows({"a": 4}, version=20)
     store.upsert(newer + older if order == "newer_first" else older + newer)
     stored = _stored(postgres, table)
     assert {key: v for key, (v, _) in stored.items()} == {"a#0": 30, "a#1": 30}
@@ -128,9 +128,9 @@ def test_several_writers_remove_stale_chunks_of_every_document(
     try:
         store.create(DIM, "cosine")
         keys = [f"d{i}" for i in range(600)]
-        store.upsert(_result(dict.fromkeys(keys, 3), version=10))
+        store.upsert(chunk_rows(dict.fromkeys(keys, 3), version=10))
         assert len(_stored(postgres, table)) == 1800
-        store.upsert(_result(dict.fromkeys(keys, 1), version=11))
+        store.upsert(chunk_rows(dict.fromkeys(keys, 1), version=11))
         stored = _stored(postgres, table)
     finally:
         store.close()
