@@ -85,8 +85,11 @@ def test_a_20000_word_document_round_trips_to_pgvector_and_shrinks(
     try:
         sink.wait_ready(timeout=90)
         done = subprocess.run(
-            [sys.executable, "-m", "kembed_cli", "ingest", str(source), "--reply-to", topic]
-            + ["--chunk-tokens", "256", "--chunk-overlap", "32", "--meta-field", "title"],
+            [
+                *(sys.executable, "-m", "kembed_cli", "ingest", str(source)),
+                *("--reply-to", topic, "--meta-field", "title"),
+                *("--chunk-tokens", "256", "--chunk-overlap", "32"),
+            ],
             cwd=ROOT,
             env={**os.environ, "KEMBED_BOOTSTRAP_SERVERS": kafka.bootstrap_servers},
             capture_output=True,
