@@ -22,10 +22,13 @@ from pydantic import BaseModel, ValidationError
 
 from kembed_cli.extras import require
 from kembed_shared.settings import KafkaClientSettings, describe_errors, security_options
+from schemas import Chunking
 
 __all__ = [
+    "add_chunking_flags",
     "add_service_parser",
     "add_settings_flags",
+    "chunking_from",
     "local_models_only",
     "positive_int",
     "quiet_kafka_logs",
@@ -151,6 +154,42 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
     return value
+
+
+def add_chunking_flags(parser: argparse.ArgumentParser) -> None:
+    """``--chunk-tokens N`` and ``--chunk-overlap M``: cut each text into windows of at
+    most N tokens (special and prompt tokens included) overlapping by M, instead of
+    truncating it (schemas/README.md, "Chunking"); read back by :func:`chunking_from`."""
+    parser.add_argument(
+        "--chunk-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="cut each text into chunks of at most N tokens instead of truncating it",
+    )
+    parser.add_argument(
+        "--chunk-overlap",
+        type=int,
+        default=0,
+        metavar="M",
+        help="tokens consecutive chunks share (with --chunk-tokens; default 0)",
+    )
+
+
+def chunking_from(args: argparse.Namespace) -> Chunking | None:
+    """The ``chunking`` the flags of :func:`add_chunking_flags` ask for; ValueError for
+    numbers that make no window."""
+    if args.chunk_tokens is None:
+        if args.chunk_overlap:
+            raise ValueError("--chunk-overlap needs --chunk-tokens")
+        return None
+    try:
+        return Chunking(args.chunk_tokens, args.chunk_overlap)
+    except ValueError:
+        raise ValueError(
+            f"--chunk-overlap must be 0..{args.chunk_tokens - 1} (below --chunk-tokens), "
+            f"not {args.chunk_overlap}"
+        ) from None
 
 
 def local_models_only() -> None:

@@ -3,6 +3,7 @@
 ``SyncEmbedClient`` for ``vectors = client.embed(texts)`` without asyncio."""
 
 from producer_sdk.catalog import CatalogModel
+from producer_sdk.chunked import ChunkedEmbeddings, InputChunks
 from producer_sdk.client import EmbedClient
 from producer_sdk.config import ClientConfig
 from producer_sdk.encodings import (
@@ -26,13 +27,15 @@ from producer_sdk.errors import (
 )
 from producer_sdk.ingest import Document, IngestSummary, JsonlError, JsonlReader, ingest
 from producer_sdk.sync import SyncEmbedClient
-from schemas import Encoding
+from schemas import Chunking, Encoding
 
 __all__ = [
     "AuthenticationError",
     "AuthorizationError",
     "CatalogModel",
     "CatalogUnavailableError",
+    "ChunkedEmbeddings",
+    "Chunking",
     "ClientClosedError",
     "ClientConfig",
     "EmbedClient",
@@ -43,6 +46,7 @@ __all__ = [
     "Encoding",
     "IngestError",
     "IngestSummary",
+    "InputChunks",
     "JsonlError",
     "JsonlReader",
     "KafkaAccessError",

@@ -25,6 +25,7 @@ import numpy.typing as npt
 import structlog
 
 from producer_sdk.catalog import CatalogModel, Lane, ModelRouter, read_catalog
+from producer_sdk.chunked import ChunkedEmbeddings
 from producer_sdk.config import ClientConfig
 from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import (
@@ -36,10 +37,10 @@ from producer_sdk.errors import (
     RequestTooLargeError,
     UnexpectedEncodingError,
 )
-from producer_sdk.ingest import check_chunk_options
 from producer_sdk.pending import PendingCalls
 from producer_sdk.transport import Transport
 from schemas import (
+    CHUNK_POOLINGS,
     Chunking,
     EmbedRequest,
     Encoding,
@@ -140,6 +141,8 @@ class EmbedClient:
         prompt: str | None = ...,
         prompt_name: str | None = ...,
         truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: None = ...,
+        chunk_pooling: Literal["none"] = ...,
         encoding: Literal["float32"] = ...,
     ) -> npt.NDArray[np.float32]: ...
 
@@ -156,6 +159,8 @@ class EmbedClient:
         prompt: str | None = ...,
         prompt_name: str | None = ...,
         truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: None = ...,
+        chunk_pooling: Literal["none"] = ...,
         encoding: Literal["float16"],
     ) -> npt.NDArray[np.float16]: ...
 
@@ -172,6 +177,8 @@ class EmbedClient:
         prompt: str | None = ...,
         prompt_name: str | None = ...,
         truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: None = ...,
+        chunk_pooling: Literal["none"] = ...,
         encoding: Literal["int8"],
     ) -> npt.NDArray[np.int8]: ...
 
@@ -188,6 +195,8 @@ class EmbedClient:
         prompt: str | None = ...,
         prompt_name: str | None = ...,
         truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: None = ...,
+        chunk_pooling: Literal["none"] = ...,
         encoding: Literal["binary"],
     ) -> npt.NDArray[np.uint8]: ...
 
@@ -204,6 +213,62 @@ class EmbedClient:
         prompt: str | None = ...,
         prompt_name: str | None = ...,
         truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: None = ...,
+        chunk_pooling: Literal["none"] = ...,
+        encoding: Encoding | str,
+    ) -> npt.NDArray[Any]: ...
+
+    @overload
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        normalize: bool = ...,
+        truncate: bool = ...,
+        dimensions: int | None = ...,
+        prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: Chunking,
+        chunk_pooling: Literal["none"] = ...,
+        encoding: Encoding | str = ...,
+    ) -> ChunkedEmbeddings: ...
+
+    @overload
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        normalize: bool = ...,
+        truncate: bool = ...,
+        dimensions: int | None = ...,
+        prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: Chunking,
+        chunk_pooling: Literal["mean"],
+        encoding: Literal["float32"] = ...,
+    ) -> npt.NDArray[np.float32]: ...
+
+    @overload
+    async def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        normalize: bool = ...,
+        truncate: bool = ...,
+        dimensions: int | None = ...,
+        prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: Chunking,
+        chunk_pooling: Literal["mean"],
         encoding: Encoding | str,
     ) -> npt.NDArray[Any]: ...
 
@@ -219,8 +284,10 @@ class EmbedClient:
         prompt: str | None = None,
         prompt_name: str | None = None,
         truncation_direction: Literal["right", "left"] | None = None,
+        chunking: Chunking | None = None,
+        chunk_pooling: Literal["none", "mean"] = "none",
         encoding: Encoding | str = Encoding.FLOAT32,
-    ) -> npt.NDArray[Any]:
+    ) -> npt.NDArray[Any] | ChunkedEmbeddings:
         """Embed ``texts``; one row per text, in input order.
 
         The array's type follows ``encoding``: float32 (default) and float16 give
@@ -233,6 +300,12 @@ class EmbedClient:
         prompt applies, if it has one. ``truncation_direction`` says which end of an input
         longer than the model's maximum is cut (default: the model's setting, usually
         ``right``, keeping the beginning).
+
+        ``chunking`` (a :class:`~schemas.Chunking`) cuts each text into windows of at most
+        ``max_tokens`` tokens on the model's own tokenizer instead of truncating it: the
+        result is then a :class:`~producer_sdk.ChunkedEmbeddings` (per text, its chunks'
+        vectors, character spans and token counts), or with ``chunk_pooling="mean"`` one
+        row per text as without chunking, the (re-normalized) mean of its chunks.
 
         Raises EmbedError (with the wire ``code``) when the worker rejects the request,
         EmbedTimeoutError when no result arrives within ``timeout`` seconds, and
@@ -249,8 +322,12 @@ class EmbedClient:
             prompt=prompt,
             prompt_name=prompt_name,
             truncation_direction=truncation_direction,
+            chunking=chunking,
+            chunk_pooling=chunk_pooling,
             encoding=encoding,
         )
+        if chunking is not None and chunk_pooling == "none":
+            return ChunkedEmbeddings.from_embeddings(result)
         return result.vectors
 
     async def embed_result(
@@ -265,9 +342,12 @@ class EmbedClient:
         prompt: str | None = None,
         prompt_name: str | None = None,
         truncation_direction: Literal["right", "left"] | None = None,
+        chunking: Chunking | None = None,
+        chunk_pooling: Literal["none", "mean"] = "none",
         encoding: Encoding | str = Encoding.FLOAT32,
     ) -> Embeddings:
-        """Like :meth:`embed`, but the whole result: vectors, int8 scales, tokens, model."""
+        """Like :meth:`embed`, but the whole result: vectors, int8 scales, tokens, model
+        (and with ``chunking``, its ``chunks`` and ``spans``)."""
         request = self._request(
             texts,
             model=model,
@@ -277,6 +357,8 @@ class EmbedClient:
             prompt=prompt,
             prompt_name=prompt_name,
             truncation_direction=truncation_direction,
+            chunking=chunking,
+            chunk_pooling=chunk_pooling,
             encoding=encoding,
         )
         self._check_started()
@@ -323,7 +405,7 @@ class EmbedClient:
         encoding: str = "float32",
         request_id: str | None = None,
         chunking: Chunking | None = None,
-        chunk_pooling: str = "none",
+        chunk_pooling: Literal["none", "mean"] = "none",
     ) -> str:
         """Send one request without waiting for its result; return its request id once the
         broker has acknowledged it (acks=all).
@@ -357,10 +439,9 @@ class EmbedClient:
             keys=_check_keys(keys, len(texts)),
             meta=_combined_meta(meta, metadata, len(texts)),
             request_id=request_id,
+            chunking=chunking,
+            chunk_pooling=chunk_pooling,
         )
-        check_chunk_options(chunking, chunk_pooling)
-        if chunking is not None:
-            request = dataclasses.replace(request, chunking=chunking, chunk_pooling=chunk_pooling)
         if not all(request.inputs):
             index = request.inputs.index("")
             raise ValueError(f"texts[{index}] is empty; the worker refuses empty inputs")
@@ -387,6 +468,8 @@ class EmbedClient:
         keys: tuple[str | int, ...] | None = None,
         meta: dict[str, Any] | None = None,
         request_id: str | None = None,
+        chunking: Chunking | None = None,
+        chunk_pooling: str = "none",
     ) -> EmbedRequest:
         """The one place requests are built (``embed`` and ``submit``), texts checked."""
         _check_texts(texts)
@@ -405,6 +488,7 @@ class EmbedClient:
             raise ValueError(
                 f"truncation_direction must be 'right' or 'left', not {truncation_direction!r}"
             )
+        _check_chunking(chunking, chunk_pooling)
         return EmbedRequest(
             id=request_id or uuid.uuid4().hex,
             inputs=tuple(texts),
@@ -419,6 +503,8 @@ class EmbedClient:
             reply_to=reply_to,
             keys=keys,
             meta=meta,
+            chunking=chunking,
+            chunk_pooling=chunk_pooling,
         )
 
     def _check_started(self) -> None:
@@ -471,6 +557,17 @@ def _check_texts(texts: Sequence[str]) -> None:
         raise TypeError("texts must be a sequence of strings")
     if not texts:
         raise ValueError("texts must not be empty")
+
+
+def _check_chunking(chunking: Chunking | None, pooling: str) -> None:
+    if chunking is not None and not isinstance(chunking, Chunking):
+        raise TypeError(
+            f"chunking must be a Chunking(max_tokens, overlap_tokens), not {chunking!r}"
+        )
+    if pooling not in CHUNK_POOLINGS:
+        raise ValueError(f"chunk_pooling must be 'none' or 'mean', not {pooling!r}")
+    if pooling != "none" and chunking is None:
+        raise ValueError(f"chunk_pooling {pooling!r} needs chunking")
 
 
 def _check_keys(keys: Sequence[str | int] | None, count: int) -> tuple[str | int, ...] | None:

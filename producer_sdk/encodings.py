@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from schemas import EmbedResult, Encoding
 from schemas.encodings import row_bytes
+from schemas.v1 import Span
 
 __all__ = [
     "Embeddings",
@@ -53,8 +54,13 @@ class Embeddings:
     scales: npt.NDArray[np.float32] | None
     """int8 only: one scale per vector, value ~= code * scale."""
     tokens: tuple[int, ...]
-    """Tokens per input after truncation, special tokens included."""
+    """Tokens per row (input, or chunk), special tokens included; after truncation, or with
+    ``chunking`` and pooling ``mean`` the sum of the input's chunks' tokens."""
     model: str
+    chunks: tuple[int, ...] | None = None
+    """With ``chunking``: per input, how many chunks it was cut into."""
+    spans: tuple[Span, ...] | None = None
+    """With ``chunking``: per chunk, ``[start, end)`` in its input."""
 
     @classmethod
     def from_result(cls, result: EmbedResult) -> Embeddings:
@@ -65,6 +71,8 @@ class Embeddings:
             scales=decode_scales(result),
             tokens=result.tokens,
             model=result.model,
+            chunks=result.chunks,
+            spans=result.spans,
         )
 
     def to_float32(self) -> npt.NDArray[np.float32]:

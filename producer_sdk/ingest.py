@@ -42,7 +42,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NamedTuple, Protocol
+from typing import IO, Any, Literal, NamedTuple, Protocol
 
 from producer_sdk.errors import IngestError, KembedError, RequestTooLargeError
 from schemas import Chunking
@@ -108,7 +108,7 @@ class Submitter(Protocol):
         encoding: str = "float32",
         request_id: str | None = None,
         chunking: Chunking | None = None,
-        chunk_pooling: str = "none",
+        chunk_pooling: Literal["none", "mean"] = "none",
     ) -> str: ...
 
 

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from producer_sdk.catalog import CatalogModel
+from producer_sdk.chunked import ChunkedEmbeddings
 from producer_sdk.client import EmbedClient
 from producer_sdk.config import ClientConfig
 from producer_sdk.encodings import Embeddings
@@ -184,6 +185,8 @@ class SyncEmbedClient:
         prompt: str | None = ...,
         prompt_name: str | None = ...,
         truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: None = ...,
+        chunk_pooling: Literal["none"] = ...,
         encoding: Literal["float32"] = ...,
     ) -> npt.NDArray[np.float32]: ...
 
@@ -200,6 +203,8 @@ class SyncEmbedClient:
         prompt: str | None = ...,
         prompt_name: str | None = ...,
         truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: None = ...,
+        chunk_pooling: Literal["none"] = ...,
         encoding: Literal["float16"],
     ) -> npt.NDArray[np.float16]: ...
 
@@ -216,6 +221,8 @@ class SyncEmbedClient:
         prompt: str | None = ...,
         prompt_name: str | None = ...,
         truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: None = ...,
+        chunk_pooling: Literal["none"] = ...,
         encoding: Literal["int8"],
     ) -> npt.NDArray[np.int8]: ...
 
@@ -232,6 +239,8 @@ class SyncEmbedClient:
         prompt: str | None = ...,
         prompt_name: str | None = ...,
         truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: None = ...,
+        chunk_pooling: Literal["none"] = ...,
         encoding: Literal["binary"],
     ) -> npt.NDArray[np.uint8]: ...
 
@@ -248,6 +257,62 @@ class SyncEmbedClient:
         prompt: str | None = ...,
         prompt_name: str | None = ...,
         truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: None = ...,
+        chunk_pooling: Literal["none"] = ...,
+        encoding: Encoding | str,
+    ) -> npt.NDArray[Any]: ...
+
+    @overload
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        normalize: bool = ...,
+        truncate: bool = ...,
+        dimensions: int | None = ...,
+        prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: Chunking,
+        chunk_pooling: Literal["none"] = ...,
+        encoding: Encoding | str = ...,
+    ) -> ChunkedEmbeddings: ...
+
+    @overload
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        normalize: bool = ...,
+        truncate: bool = ...,
+        dimensions: int | None = ...,
+        prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: Chunking,
+        chunk_pooling: Literal["mean"],
+        encoding: Literal["float32"] = ...,
+    ) -> npt.NDArray[np.float32]: ...
+
+    @overload
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        normalize: bool = ...,
+        truncate: bool = ...,
+        dimensions: int | None = ...,
+        prompt: str | None = ...,
+        prompt_name: str | None = ...,
+        truncation_direction: Literal["right", "left"] | None = ...,
+        chunking: Chunking,
+        chunk_pooling: Literal["mean"],
         encoding: Encoding | str,
     ) -> npt.NDArray[Any]: ...
 
@@ -263,11 +328,14 @@ class SyncEmbedClient:
         prompt: str | None = None,
         prompt_name: str | None = None,
         truncation_direction: Literal["right", "left"] | None = None,
+        chunking: Chunking | None = None,
+        chunk_pooling: Literal["none", "mean"] = "none",
         encoding: Encoding | str = Encoding.FLOAT32,
-    ) -> npt.NDArray[Any]:
+    ) -> npt.NDArray[Any] | ChunkedEmbeddings:
         """:meth:`EmbedClient.embed <producer_sdk.EmbedClient.embed>`, blocking: one row
-        per text, in input order; the same options and exceptions."""
-        return self.embed_result(
+        per text, in input order (with ``chunking``, a :class:`ChunkedEmbeddings`, unless
+        ``chunk_pooling`` is ``mean``); the same options and exceptions."""
+        result = self.embed_result(
             texts,
             timeout=timeout,
             model=model,
@@ -277,8 +345,13 @@ class SyncEmbedClient:
             prompt=prompt,
             prompt_name=prompt_name,
             truncation_direction=truncation_direction,
+            chunking=chunking,
+            chunk_pooling=chunk_pooling,
             encoding=encoding,
-        ).vectors
+        )
+        if chunking is not None and chunk_pooling == "none":
+            return ChunkedEmbeddings.from_embeddings(result)
+        return result.vectors
 
     def embed_result(
         self,
@@ -292,6 +365,8 @@ class SyncEmbedClient:
         prompt: str | None = None,
         prompt_name: str | None = None,
         truncation_direction: Literal["right", "left"] | None = None,
+        chunking: Chunking | None = None,
+        chunk_pooling: Literal["none", "mean"] = "none",
         encoding: Encoding | str = Encoding.FLOAT32,
     ) -> Embeddings:
         """:meth:`EmbedClient.embed_result <producer_sdk.EmbedClient.embed_result>`,
@@ -307,6 +382,8 @@ class SyncEmbedClient:
                 prompt=prompt,
                 prompt_name=prompt_name,
                 truncation_direction=truncation_direction,
+                chunking=chunking,
+                chunk_pooling=chunk_pooling,
                 encoding=encoding,
             )
         )
@@ -328,7 +405,7 @@ class SyncEmbedClient:
         encoding: str = "float32",
         request_id: str | None = None,
         chunking: Chunking | None = None,
-        chunk_pooling: str = "none",
+        chunk_pooling: Literal["none", "mean"] = "none",
     ) -> str:
         """:meth:`EmbedClient.submit <producer_sdk.EmbedClient.submit>`, blocking: send one
         request without waiting for its result; return its id once the broker has it."""

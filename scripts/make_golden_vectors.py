@@ -328,6 +328,77 @@ def later_valid_cases() -> list[tuple[str, str, dict[str, Any], str]]:
             },
             "the answer to request-meta-float32: its meta bytes unchanged, float32 included",
         ),
+        *chunking_cases(),
+    ]
+
+
+def chunking_cases() -> list[tuple[str, str, dict[str, Any], str]]:
+    """Requests with ``chunking`` and their results (one row per chunk, or per input)."""
+    text = "First sentence. Second one, a little longer.\nThird line"
+    spans = [[0, 44], [16, 55], [0, 5]]  # text[0:44], text[16:55] and "short"[0:5]
+    rows = [[0.6, 0.8], [0.0, 1.0], [1.0, 0.0]]
+    chunk_rows = struct.pack("<6f", *(x for row in rows for x in row))
+    mean = [f32(0.3 / 0.9486832980505138), f32(0.9 / 0.9486832980505138)]
+    result = {
+        "v": 1,
+        "id": "req-13",
+        "model": "sentence-transformers/all-MiniLM-L6-v2",
+        "dim": 2,
+        "dtype": "float32",
+    }
+    return [
+        (
+            "request-chunking",
+            "request",
+            {
+                "v": 1,
+                "id": "req-13",
+                "inputs": [text, "short"],
+                "keys": ["doc-1", "doc-2"],
+                "chunking": {"max_tokens": 16, "overlap_tokens": 4},
+            },
+            "windows of at most 16 tokens (special tokens included), 4 tokens of overlap",
+        ),
+        (
+            "result-chunks",
+            "result",
+            {
+                **result,
+                "vectors": chunk_rows,
+                "tokens": [14, 13, 3],
+                "keys": ["doc-1", "doc-2"],
+                "chunks": [2, 1],
+                "spans": spans,
+            },
+            "the answer to request-chunking: input 0 in 2 chunks, input 1 in 1; one row "
+            "per chunk: " + json.dumps(rows),
+        ),
+        (
+            "request-chunking-mean",
+            "request",
+            {
+                "v": 1,
+                "id": "req-14",
+                "inputs": [text, "short"],
+                "chunking": {"max_tokens": 16},
+                "chunk_pooling": "mean",
+            },
+            "no overlap (0, left out); one vector per input, the mean of its chunks",
+        ),
+        (
+            "result-chunks-mean",
+            "result",
+            {
+                **result,
+                "id": "req-14",
+                "vectors": struct.pack("<4f", *mean, *rows[2]),
+                "tokens": [27, 3],
+                "chunks": [2, 1],
+                "spans": spans,
+            },
+            "the answer to request-chunking-mean: one row per input, input 0 the "
+            "re-normalized mean of " + json.dumps(rows[:2]) + ", tokens the sum per input",
+        ),
     ]
 
 
@@ -392,6 +463,31 @@ def invalid_cases() -> list[dict[str, Any]]:
         ("meta-docs-length-mismatch", pack({**ok, "meta": {"docs": [{}, {}]}}), bad, None, eid),
         ("meta-docs-not-array", pack({**ok, "meta": {"docs": {"title": "x"}}}), bad, None, eid),
         ("meta-docs-item-not-map", pack({**ok, "meta": {"docs": ["title"]}}), bad, 0, eid),
+        ("chunking-not-map", pack({**ok, "chunking": 128}), bad, None, eid),
+        ("chunking-without-max-tokens", pack({**ok, "chunking": {}}), bad, None, eid),
+        ("chunking-max-tokens-zero", pack({**ok, "chunking": {"max_tokens": 0}}), bad, None, eid),
+        (
+            "chunking-unknown-key",
+            pack({**ok, "chunking": {"max_tokens": 64, "stride": 8}}),
+            bad,
+            None,
+            eid,
+        ),
+        (
+            "chunking-overlap-not-below-window",
+            pack({**ok, "chunking": {"max_tokens": 64, "overlap_tokens": 64}}),
+            bad,
+            None,
+            eid,
+        ),
+        ("chunk-pooling-without-chunking", pack({**ok, "chunk_pooling": "mean"}), bad, None, eid),
+        (
+            "chunk-pooling-unknown",
+            pack({**ok, "chunking": {"max_tokens": 64}, "chunk_pooling": "max"}),
+            bad,
+            None,
+            eid,
+        ),
     ]
     return [
         {"name": name, "hex": data.hex(), "code": code, "index": index, "envelope_id": envelope}

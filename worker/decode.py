@@ -33,6 +33,8 @@ class ModelLimits:
     """The name it is served under (results' ``model``)."""
     dim: int
     prompt_names: Collection[str] = ()
+    max_seq_length: int | None = None
+    """Its longest input in tokens (the limit of ``chunking.max_tokens``); None: unchecked."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +153,13 @@ def _check(
     if request.dimensions is not None and request.dimensions > model.dim:
         return ErrorInfo(
             ErrorCode.INVALID_REQUEST, f"'dimensions' must be <= the model's {model.dim}"
+        )
+    chunking, longest = request.chunking, model.max_seq_length
+    if chunking is not None and longest is not None and chunking.max_tokens > longest:
+        return ErrorInfo(
+            ErrorCode.INVALID_REQUEST,
+            f"'chunking.max_tokens' {chunking.max_tokens} exceeds the model's "
+            f"max_seq_length {longest}",
         )
     if request.prompt_name is not None and request.prompt_name not in model.prompt_names:
         known = ", ".join(sorted(model.prompt_names)) or "none"

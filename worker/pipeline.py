@@ -38,6 +38,7 @@ from kembed_shared.ports import Publisher, Record, Source, TopicPartition, Trans
 from schemas import EmbedRequest, ErrorCode, ErrorInfo
 from schemas.catalog import ModelDescription
 from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler, TokenBudget
+from worker.chunking import Chunker, expand_all, input_index
 from worker.decode import Accepted, Limits, ModelLimits, Rejected, decode_record
 from worker.delivery import make_delivery
 from worker.encoder import Encoder, EncoderOutOfMemoryError, Prepared
@@ -180,6 +181,7 @@ class Pipeline:
         for lane in (INTERACTIVE, BULK):  # exposed at 0 from the start, so rate() sees the 1st
             for reason in ("error", "out_of_memory"):
                 self._metrics.batch_splits.labels(lane, reason)
+        self._chunkers: dict[str, Chunker] = {}  # per model, made on its first chunking
         self._tracker = OffsetTracker()
         self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._delivery = make_delivery(
@@ -343,6 +345,8 @@ class Pipeline:
     async def _tokenize(self, lane: str, accepted: list[_Admitted]) -> None:
         """Tokenize ``accepted`` (in one call per model and truncation side) and queue the
         inputs for batching, in the order the requests came."""
+        if any(request.chunking for _, request, _ in accepted):
+            accepted = await self._expand(lane, accepted)
         groups: dict[tuple[str, str | None], list[int]] = {}
         for position, (_, request, model) in enumerate(accepted):
             groups.setdefault((model.name, request.truncation_direction), []).append(position)
@@ -369,6 +373,37 @@ class Pipeline:
         for admitted, pieces in zip(accepted, tokenized, strict=True):
             self._enqueue(lane, *admitted, pieces, now)
         self._work_waiting.set()
+
+    async def _expand(self, lane: str, accepted: list[_Admitted]) -> list[_Admitted]:
+        """Chunked requests become requests for their chunk texts (worker.chunking), each
+        chunk an input in flight; those that cannot be chunked are answered."""
+        chunked = [p for p, (_, request, _) in enumerate(accepted) if request.chunking]
+        work = []
+        for _, request, model in (accepted[p] for p in chunked):
+            if model.name not in self._chunkers:
+                tokenizer = model.tokenizer
+                self._chunkers[model.name] = Chunker(tokenizer.tokenizer, tokenizer.max_length)
+            work.append((request, self._chunkers[model.name], model.prompt_for(request)))
+        expand = partial(expand_all, work, self._settings.max_client_batch_size)
+        chars = sum(len(text) for request, _, _ in work for text in request.inputs)
+        if chars <= _INLINE_TOKENIZE_CHARS:
+            expanded = expand()  # cheaper than a thread hop
+        else:
+            expanded = await asyncio.get_running_loop().run_in_executor(
+                self._tokenize_thread, expand
+            )
+        kept: list[_Admitted | None] = list(accepted)
+        for position, outcome in zip(chunked, expanded, strict=True):
+            record, request, model = accepted[position]
+            if isinstance(outcome, ErrorInfo):
+                rejection = _rejection(request, outcome)
+                self._reject(record, rejection, reserved=len(request.inputs), model=model.name)
+                kept[position] = None
+            else:
+                self._inflight[lane] += len(outcome.inputs) - len(request.inputs)
+                kept[position] = (record, outcome, model)
+        self._apply_backpressure(lane)
+        return [admitted for admitted in kept if admitted is not None]
 
     def _enqueue(
         self,
@@ -624,7 +659,8 @@ class Pipeline:
                 offset=record.offset,
             )
             message = "inference failed" + (" (out of memory)" if oom else "")
-            self._settle(job, ErrorInfo(ErrorCode.INTERNAL, message, item.index))
+            index = input_index(job.request, item.index)  # a chunk's: its input's
+            self._settle(job, ErrorInfo(ErrorCode.INTERNAL, message, index))
             return
         # Inputs of requests answered meanwhile need no retry. Halves in length order: out
         # of memory, the shorter half is the likelier to fit, and it runs first.
@@ -785,7 +821,8 @@ def _limits(models: Sequence[ServedModel], settings: WorkerSettings) -> Limits:
     names: dict[str, ModelLimits] = {}
     topics: dict[str, str] = {}
     for model in models:
-        limits = ModelLimits(model.name, model.encoder.info.dim, frozenset(model.prompts))
+        info = model.encoder.info
+        limits = ModelLimits(model.name, info.dim, frozenset(model.prompts), info.max_seq_length)
         for name in (model.name, *sorted(model.aliases)):
             names.setdefault(name, limits)
         for topic in model.topics:

@@ -22,6 +22,7 @@ from schemas import (
 )
 from schemas.encodings import INT8_NORMALIZED_SCALE
 from schemas.headers import CORRELATION_ID
+from worker.chunking import ChunkedRequest, pool
 
 __all__ = [
     "encode_error",
@@ -97,7 +98,9 @@ def encode_vectors(
     """The result message; a ``result_too_large`` error if it would exceed ``max_bytes``.
     ``requested_ms``: the request record's timestamp, copied as the result's version."""
     vectors = finish(raw, normalize=request.normalize, dimensions=request.dimensions)
+    vectors, tokens = pool(request, vectors, tokens)  # chunks: per chunk, or their mean
     blob, scales = encode_rows(vectors, request.encoding, normalized=request.normalize)
+    chunked = request if isinstance(request, ChunkedRequest) else None
     result = EmbedResult(
         id=request.id,
         model=model,
@@ -109,6 +112,8 @@ def encode_vectors(
         meta=request.meta,
         scales=scales,
         requested_ms=requested_ms if requested_ms else None,  # 0: no timestamp known
+        chunks=chunked.chunks if chunked else None,
+        spans=chunked.spans if chunked else None,
     )
     encoded = encode_result(result)
     if len(encoded) <= max_bytes:

@@ -54,6 +54,11 @@ class TextTokenizer:
             raise FileNotFoundError(f"{model_dir} has no tokenizer.json (a fast tokenizer)")
         return cls(Tokenizer.from_file(str(path)), max_length, direction)
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer (cutting at the default end): to copy, not to change."""
+        return self._tokenizers[self.direction]
+
     def encode(self, texts: Sequence[str], direction: str | None = None) -> list[Tokenized]:
         tokenizer = self._tokenizers[direction or self.direction]
         # The fast variant skips the character offsets, which nothing here reads: ~15% less

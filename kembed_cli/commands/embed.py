@@ -7,7 +7,14 @@ import asyncio
 import sys
 from typing import Any
 
-from kembed_cli.common import add_settings_flags, security_options, settings_from, write_json
+from kembed_cli.common import (
+    add_chunking_flags,
+    add_settings_flags,
+    chunking_from,
+    security_options,
+    settings_from,
+    write_json,
+)
 from kembed_shared.settings import KafkaClientSettings
 from schemas import Encoding
 
@@ -34,6 +41,14 @@ def add_parser(subcommands: Any, name: str, summary: str) -> None:
         default=str(Encoding.FLOAT32),
         help="output encoding: int8 prints codes and per-vector scales, binary packed bytes",
     )
+    add_chunking_flags(parser)
+    parser.add_argument(
+        "--chunk-pooling",
+        choices=["none", "mean"],
+        default="none",
+        help="with --chunk-tokens: 'none' prints a vector per chunk with its span, "
+        "'mean' one vector per text (the mean of its chunks)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +56,13 @@ def run(args: argparse.Namespace) -> int:
 
     kafka = settings_from(KafkaClientSettings, args, "embed")
     if kafka is None:
+        return 2
+    try:
+        chunking = chunking_from(args)
+        if args.chunk_pooling != "none" and chunking is None:
+            raise ValueError("--chunk-pooling needs --chunk-tokens")
+    except ValueError as exc:
+        print(f"kembed embed: {exc}", file=sys.stderr)
         return 2
 
     async def embed() -> dict[str, Any]:
@@ -52,8 +74,15 @@ def run(args: argparse.Namespace) -> int:
                 normalize=not args.no_normalize,
                 dimensions=args.dimensions,
                 encoding=args.encoding,
+                chunking=chunking,
+                chunk_pooling=args.chunk_pooling,
             )
         output: dict[str, Any] = {"dim": result.dim, "vectors": result.vectors.tolist()}
+        if result.chunks is not None and result.spans is not None:
+            # One vector per chunk (or per text with mean pooling), and where each chunk is.
+            output["chunks"] = list(result.chunks)
+            output["spans"] = [list(span) for span in result.spans]
+            output["tokens"] = list(result.tokens)
         if result.encoding != Encoding.FLOAT32:
             output["encoding"] = str(result.encoding)
         if result.scales is not None:

@@ -26,6 +26,7 @@ from typing import IO, Any, TextIO
 from aiokafka.errors import KafkaError
 
 from kembed_cli.common import (
+    add_chunking_flags,
     add_settings_flags,
     positive_int,
     quiet_kafka_logs,
@@ -87,22 +88,7 @@ def add_parser(subcommands: Any, name: str, summary: str) -> None:
     parser.add_argument(
         "--encoding", choices=[str(e) for e in Encoding], default=str(Encoding.FLOAT32)
     )
-    parser.add_argument(
-        "--chunk-tokens",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="cut each document into windows of at most N tokens (special tokens included) "
-        "and embed every one: a sink writes rows ID#0, ID#1, ... (default: no chunking; "
-        "a document over the model's limit is truncated)",
-    )
-    parser.add_argument(
-        "--chunk-overlap",
-        type=_non_negative_int,
-        default=0,
-        metavar="M",
-        help="tokens shared by consecutive chunks (with --chunk-tokens; default: 0)",
-    )
+    add_chunking_flags(parser)
     parser.add_argument(
         "--chunk-pooling",
         choices=["none", "mean"],
@@ -124,13 +110,6 @@ def add_parser(subcommands: Any, name: str, summary: str) -> None:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_settings_flags(parser, KafkaClientSettings)
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

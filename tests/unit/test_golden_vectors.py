@@ -12,6 +12,7 @@ import pytest
 from kembed_shared.ports import Record
 from schemas import (
     DEFAULT_RESULTS_TOPIC,
+    EmbedResult,
     Encoding,
     ErrorCode,
     SchemaError,
@@ -69,6 +70,23 @@ def test_golden_vectors_cover_every_request_field() -> None:
     """An all-fields request exercises every field the spec defines, in canonical order."""
     full = next(c for c in VALID if c["name"] == "request-all-fields-encoding")
     assert list(full["value"]) == REQUEST_FIELDS
+
+
+def test_golden_vectors_cover_chunking() -> None:
+    """Chunked requests (with and without overlap, both poolings) and their results (a row
+    per chunk, a row per input) are golden vectors; their spans reproduce chunk texts."""
+    cases = {c["name"]: c["value"] for c in VALID}
+    request, mean_request = cases["request-chunking"], cases["request-chunking-mean"]
+    assert request["chunking"] == {"max_tokens": 16, "overlap_tokens": 4}
+    assert mean_request["chunk_pooling"] == "mean"
+    for name, rows in (("result-chunks", 3), ("result-chunks-mean", 2)):
+        decoded = decode_result(bytes.fromhex(next(c for c in VALID if c["name"] == name)["hex"]))
+        assert isinstance(decoded, EmbedResult), name
+        assert decoded.count == rows, name
+        assert decoded.chunks == (2, 1)
+    text = request["inputs"][0]
+    assert text[0:44].endswith("longer.")
+    assert text[16:55].startswith("Second")
 
 
 def test_golden_vectors_cover_every_encoding() -> None:

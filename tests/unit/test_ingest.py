@@ -9,7 +9,7 @@ import io
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 import pytest
@@ -159,7 +159,7 @@ class FakeClient:
         encoding: str = "float32",
         request_id: str | None = None,
         chunking: Chunking | None = None,
-        chunk_pooling: str = "none",
+        chunk_pooling: Literal["none", "mean"] = "none",
     ) -> str:
         size = sum(len(t) for t in texts)
         if self.max_bytes is not None and size > self.max_bytes:

@@ -86,7 +86,7 @@ async def test_submit_writes_chunking_on_the_wire() -> None:
     assert (first.chunking, first.chunk_pooling) == (Chunking(64, 8), "none")
     assert (second.chunking, second.chunk_pooling) == (Chunking(32), "mean")
     assert (plain.chunking, plain.chunk_pooling) == (None, "none")
-    with pytest.raises(ValueError, match="chunk_pooling needs chunking"):
+    with pytest.raises(ValueError, match="needs chunking"):
         await client.submit(["d"], chunk_pooling="mean")
     assert len(recorder.sent) == 3
 

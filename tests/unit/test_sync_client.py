@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from producer_sdk import (
+    ChunkedEmbeddings,
+    Chunking,
     ClientClosedError,
     ClientConfig,
     EmbedClient,
@@ -73,6 +75,9 @@ class FakeAsyncClient:
             scales=None,
             tokens=tuple(len(t) for t in texts),
             model="fake",
+            # With chunking: each text one chunk covering it.
+            chunks=(1,) * len(texts) if options.get("chunking") else None,
+            spans=tuple((0, len(t)) for t in texts) if options.get("chunking") else None,
         )
 
     async def submit(self, texts: Sequence[str], **options: Any) -> str:
@@ -115,10 +120,22 @@ def test_calls_run_on_one_background_loop_and_return_the_async_results() -> None
         "prompt": None,
         "prompt_name": "query",
         "truncation_direction": None,
+        "chunking": None,
+        "chunk_pooling": "none",
         "encoding": Encoding.FLOAT32,
     }
     assert fake.calls[-1]["keys"] == [1]
+    assert fake.calls[-1]["chunking"] is None
     assert fake.closed
+
+
+def test_chunked_embed_gives_chunked_embeddings_and_mean_an_array() -> None:
+    with make()[0] as client:
+        chunked = client.embed(["ab", "cde"], chunking=Chunking(16, 2))
+        assert isinstance(chunked, ChunkedEmbeddings)
+        assert [item.spans for item in chunked] == [((0, 2),), ((0, 3),)]
+        mean = client.embed(["ab", "cde"], chunking=Chunking(16), chunk_pooling="mean")
+        assert np.array_equal(mean, rows(["ab", "cde"]))
 
 
 def test_an_error_is_raised_in_the_callers_thread_with_its_class_and_fields() -> None:
