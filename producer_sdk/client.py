@@ -417,9 +417,9 @@ class EmbedClient:
         back in the result's ``meta`` (see schemas/README.md, "Ingestion conventions").
         ``bulk=True`` sends to ``bulk_topic`` (the bulk lane), ``bulk=False`` to
         ``requests_topic``. The request carries no deadline: it waits in Kafka for a worker
-        as long as the topic keeps it.
-        ``chunking`` cuts each text into windows of tokens (one vector per chunk, or per
-        text with ``chunk_pooling="mean"``; see schemas/README.md, "Chunking").
+        as long as the topic keeps it. ``chunking`` and ``chunk_pooling`` ask the worker to
+        cut each text into chunks as for :meth:`embed`; the result then carries ``chunks``
+        and ``spans`` (a sink writes one row per chunk, see schemas/README.md).
 
         Raises TypeError or ValueError for invalid arguments, RequestTooLargeError when the
         encoded request exceeds ``max_request_bytes``, ClientClosedError when the client is

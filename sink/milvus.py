@@ -63,6 +63,8 @@ _METRICS: dict[Metric, str] = {"inner_product": "IP", "cosine": "COSINE", "l2": 
 _MODEL_BYTES = 512
 _FIELDS = {"id", "vector", "metadata", "model", "updated_at"}
 _VERSION = "requested_ms"
+_DOCS_PER_QUERY = 100
+"""Documents per read of stored chunks (one equality each in the filter)."""
 
 
 class MilvusStore:
@@ -228,15 +230,16 @@ class MilvusStore:
             return rows, []
         stored: list[dict[str, Any]] = []
         sent = [raw for raw, _, _ in docs.values()]
-        for kind in (str, int):  # one type per list: JSON "in" compares like with like
-            keys = [key for key in sent if isinstance(key, kind)]
-            for start in range(0, len(keys), 1000):
-                part = json.dumps(keys[start : start + 1000], ensure_ascii=False)
-                stored += self._connected().query(
-                    self._collection,
-                    filter=f'metadata["doc_key"] in {part}',
-                    output_fields=["metadata", _VERSION],
-                )
+        # Milvus takes "in" on plain fields only: a JSON path is compared key by key.
+        for start in range(0, len(sent), _DOCS_PER_QUERY):
+            part = sent[start : start + _DOCS_PER_QUERY]
+            stored += self._connected().query(
+                self._collection,
+                filter=" or ".join(
+                    f'metadata["doc_key"] == {json.dumps(key, ensure_ascii=False)}' for key in part
+                ),
+                output_fields=["metadata", _VERSION],
+            )
         superseded: set[str] = set()
         stale: list[str] = []
         for hit in stored:

@@ -134,3 +134,22 @@ async def test_chunks_share_batches_and_count_as_inputs() -> None:
     assert len(encoder.calls) == 1
     assert len(encoder.calls[0][0]) == 4
     assert h.sample("kembed_inputs_total", model="fake", outcome="ok") == 4
+
+
+async def test_long_texts_are_cut_on_the_tokenizer_thread() -> None:
+    """Texts over the inline limit are cut on the tokenizer thread, with the same result:
+    a 1,500-word text in windows of 32 with 4 of overlap."""
+    rng = random.Random(9)
+    long = text(rng, 1500)
+    assert len(long) > 4096
+    request = EmbedRequest(id="long", inputs=(long,), chunking=Chunking(32, 4))
+    async with Harness(FakeEncoder(lambda prepared, rows: None)) as h:
+        h.send([(request, (TOPIC, 0))])
+        results = await h.answers()
+    result = results["long"]
+    assert isinstance(result, EmbedResult)
+    assert result.chunks == (54,)  # 1 + ceil((1500 - 32) / 28)
+    assert result.spans is not None
+    pieces = [long[s:e] for s, e in result.spans]
+    np.testing.assert_allclose(rows(result), chunk_vectors(pieces), rtol=1e-6)
+    assert result.spans[-1][1] == len(long)

@@ -23,6 +23,7 @@ from schemas import (
     encode_request,
     encode_result,
 )
+from tests.unit.test_codec import _result_body as plain_result_body
 from tests.unit.test_codec import embed_results, requests
 
 
@@ -191,20 +192,15 @@ def test_chunked_result_round_trip(result: EmbedResult) -> None:
 
 
 def _result_body(**changes: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "v": 1,
-        "id": "r",
-        "model": "m",
-        "dim": 2,
-        "dtype": "float32",
+    """Three rows of 2: input 0 in two chunks, input 1 in one."""
+    chunked = {
         "vectors": b"\x00" * 24,
         "tokens": [5, 6, 4],
         "keys": ["a", "b"],
         "chunks": [2, 1],
         "spans": [[0, 10], [8, 20], [0, 3]],
     }
-    body.update(changes)
-    return body
+    return plain_result_body(**{**chunked, **changes})
 
 
 def test_result_chunks_and_spans_come_after_meta() -> None:

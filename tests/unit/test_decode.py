@@ -335,3 +335,19 @@ def test_tombstone_with_headers_is_answered() -> None:
     result = rejected(decode(None, routing_headers("hdr-t")))
     assert result.request_id == "hdr-t"
     assert result.error.code == ErrorCode.INVALID_REQUEST
+
+
+def test_chunking_window_over_the_models_maximum_is_invalid_request() -> None:
+    """`chunking.max_tokens` may be the model's max_seq_length, not more (when known)."""
+    limits = replace(LIMITS, models={"minilm": replace(_MINILM, max_seq_length=256)})
+    at_limit = pack(body(chunking={"max_tokens": 256}))
+    over = pack(body(chunking={"max_tokens": 257}, keys=["a", "b"]))
+    accepted = decode_record(record(at_limit), limits, NOW_MS)
+    assert isinstance(accepted, Accepted)
+    refused = rejected(decode_record(record(over), limits, NOW_MS))
+    assert refused.error.code == ErrorCode.INVALID_REQUEST
+    assert "'chunking.max_tokens' 257 exceeds the model's max_seq_length 256" in (
+        refused.error.message
+    )
+    assert refused.keys == ("a", "b")
+    assert isinstance(decode(over), Accepted)  # no maximum known: not checked here
