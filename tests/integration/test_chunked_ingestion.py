@@ -19,7 +19,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from loadtest.chunking import build_corpus, long_document, measure
+from loadtest.chunk_retrieval import build_corpus, long_document, measure
 from producer_sdk import Document, EmbedClient, ingest
 from schemas import Chunking
 from scripts.kafka_local import LocalKafka, TopicSpec

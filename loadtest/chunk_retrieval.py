@@ -10,7 +10,7 @@ document holding its paraphrase. The documents are ingested twice with the SDK's
 queries are embedded with ``EmbedClient.embed``. Reported: top-1 document accuracy of both,
 measured in the same run.
 
-    python -m loadtest.chunking [--docs 50] [--sentences-per-doc 40] [--queries-per-doc 6]
+    python -m loadtest.chunk_retrieval [--docs 50] [--sentences-per-doc 40] [--queries-per-doc 6]
         [--chunk-tokens 128] [--chunk-overlap 16] [--out report.json]
 
 :func:`measure` is the same measurement on a running broker and worker (the test runs a
@@ -46,7 +46,7 @@ from sink.rows import Row, RowsOf, rows_of
 
 __all__ = ["Corpus", "Outcome", "accuracy", "build_corpus", "long_document", "measure"]
 
-RESULTS = "embed.results.chunking"
+RESULTS = "embed.results.chunk-retrieval"
 HIGH_SCORE = 4.0
 
 
@@ -218,7 +218,7 @@ async def _rows(bootstrap: str, topic: str, run: str, requests: int, timeout: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.chunking", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m loadtest.chunk_retrieval", description=__doc__)
     parser.add_argument("--docs", type=int, default=50)
     parser.add_argument("--sentences-per-doc", type=int, default=40)
     parser.add_argument("--queries-per-doc", type=int, default=6)
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus = build_corpus(args.docs, args.sentences_per_doc, args.queries_per_doc, args.seed)
     chunking = Chunking(args.chunk_tokens, args.chunk_overlap)
     with (
-        tempfile.TemporaryDirectory(prefix="kembed-chunking-") as tmp,
+        tempfile.TemporaryDirectory(prefix="kembed-chunk-retrieval-") as tmp,
         LocalKafka(Path(tmp) / "kafka", topics=(*DEFAULT_TOPICS, TopicSpec(RESULTS, 1))) as kafka,
     ):
         worker = WorkerProcess(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from loadtest.chunking import accuracy, build_corpus, long_document
+from loadtest.chunk_retrieval import accuracy, build_corpus, long_document
 from loadtest.data import load_stsb
 
 
