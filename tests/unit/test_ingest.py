@@ -9,7 +9,7 @@ import io
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 import pytest
@@ -28,7 +28,7 @@ from producer_sdk import (
     RequestTooLargeError,
     ingest,
 )
-from schemas import decode_request
+from schemas import Chunking, decode_request
 
 # ---------------------------------------------------------------------------- JSONL reader
 
@@ -158,13 +158,23 @@ class FakeClient:
         dimensions: int | None = None,
         encoding: str = "float32",
         request_id: str | None = None,
+        chunking: Chunking | None = None,
+        chunk_pooling: Literal["none", "mean"] = "none",
     ) -> str:
         size = sum(len(t) for t in texts)
         if self.max_bytes is not None and size > self.max_bytes:
             raise RequestTooLargeError(size, self.max_bytes)
         number = len(self.calls)
         self.calls.append(
-            {"texts": list(texts), "keys": keys, "metadata": metadata, "reply_to": reply_to}
+            {
+                "texts": list(texts),
+                "keys": keys,
+                "metadata": metadata,
+                "reply_to": reply_to,
+                "meta": meta,
+                "chunking": chunking,
+                "chunk_pooling": chunk_pooling,
+            }
         )
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
