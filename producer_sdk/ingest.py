@@ -11,6 +11,15 @@ than ``max_in_flight + 1`` batches of it: it reads the next batch only while few
 request is acknowledged (not answered: the answers go to ``reply_to`` for a sink to read).
 A plain iterable is read on the event loop, between sends: it should be quick to advance
 (a file is); wrap a slow source in an async iterable.
+
+With ``chunking`` the worker cuts each document into windows of ``max_tokens`` tokens and
+answers with one vector per chunk (``chunk_pooling="none"``, a sink writes rows
+``{id}#{k}``) or one per document (``"mean"``). A request's chunks count against the
+workers' ``max_client_batch_size`` and its result (chunks x vector bytes) against their
+``max_result_bytes``, so a request then holds documents up to an estimated
+``chunks_per_request`` chunks (at most ``batch_size`` documents; a document alone may
+exceed it), the estimate taking 3 characters per token (most text has more, so it errs on
+the small side).
 """
 
 from __future__ import annotations
@@ -33,9 +42,10 @@ from collections.abc import (
 )
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NamedTuple, Protocol
+from typing import IO, Any, Literal, NamedTuple, Protocol
 
 from producer_sdk.errors import IngestError, KembedError, RequestTooLargeError
+from schemas import Chunking
 
 __all__ = [
     "Document",
@@ -43,10 +53,17 @@ __all__ = [
     "JsonlError",
     "JsonlReader",
     "Submitter",
+    "check_chunk_options",
+    "estimated_chunks",
     "ingest",
 ]
 
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+CHARS_PER_TOKEN = 3
+"""The chunk estimate's characters per token: fewer than most text has, so it overestimates."""
+CHUNK_POOLING_META = "chunk_pooling"
+"""The request-level ``meta`` key that tells a sink the vectors are pooled per document
+(``"mean"``): set by ``ingest`` (schemas/README.md, "Ingestion conventions")."""
 
 
 class Document(NamedTuple):
@@ -91,6 +108,8 @@ class Submitter(Protocol):
         encoding: str = "float32",
         request_id: str | None = None,
         affinity: bool = False,
+        chunking: Chunking | None = None,
+        chunk_pooling: Literal["none", "mean"] = "none",
     ) -> str: ...
 
 
@@ -113,9 +132,18 @@ async def ingest(
     dimensions: int | None = None,
     encoding: str = "float32",
     affinity: bool = False,
+    chunking: Chunking | None = None,
+    chunk_pooling: str = "none",
+    chunks_per_request: int = 256,
 ) -> IngestSummary:
     """Submit ``documents`` in requests of ``batch_size`` (the last may be smaller), with at
     most ``max_in_flight`` requests awaiting the broker at once; return the totals.
+
+    With ``chunking`` (``chunk_pooling`` ``"none"`` or ``"mean"``), a request holds at most
+    ``batch_size`` documents and about ``chunks_per_request`` chunks (see
+    :func:`estimated_chunks`); keep that at or below the workers'
+    ``KEMBED_MAX_CLIENT_BATCH_SIZE``, and its result (chunks x the vector's bytes: 1536
+    for 384 float32 values) below their ``KEMBED_MAX_RESULT_BYTES`` (1 MB by default).
 
     ``on_progress`` is called after each acknowledged request with the totals so far. A
     batch whose request would exceed the client's ``max_request_bytes`` is split in halves
@@ -134,6 +162,13 @@ async def ingest(
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
     if isinstance(max_in_flight, bool) or max_in_flight < 1:
         raise ValueError(f"max_in_flight must be a positive integer, not {max_in_flight!r}")
+    if isinstance(chunks_per_request, bool) or chunks_per_request < 1:
+        raise ValueError(
+            f"chunks_per_request must be a positive integer, not {chunks_per_request!r}"
+        )
+    check_chunk_options(chunking, chunk_pooling)
+    if chunk_pooling == "mean":
+        meta = {**(meta or {}), CHUNK_POOLING_META: "mean"}
     options: dict[str, Any] = {
         "reply_to": reply_to,
         "model": model,
@@ -145,6 +180,9 @@ async def ingest(
         "encoding": encoding,
         "affinity": affinity,
     }
+    if chunking is not None:
+        options.update(chunking=chunking, chunk_pooling=chunk_pooling)
+
     totals = _Totals(time.monotonic())
 
     async def send(batch: list[Document]) -> None:
@@ -165,7 +203,7 @@ async def ingest(
                 failure = error
 
     try:
-        async for batch in _batches(documents, batch_size):
+        async for batch in _batches(documents, batch_size, chunking, chunks_per_request):
             while len(in_flight) >= max_in_flight and failure is None:
                 await wait_for_one()
             if failure is not None:
@@ -223,18 +261,51 @@ async def _submit(client: Submitter, batch: list[Document], options: dict[str, A
     return 1
 
 
+def check_chunk_options(chunking: Chunking | None, chunk_pooling: str) -> None:
+    """Raise ValueError unless ``chunk_pooling`` is ``"none"``, or ``"mean"`` with
+    ``chunking`` (a ``Chunking``)."""
+    if chunking is not None and not isinstance(chunking, Chunking):
+        raise TypeError(f"chunking must be a Chunking, not {type(chunking).__name__}")
+    if chunk_pooling not in ("none", "mean"):
+        raise ValueError(f"chunk_pooling must be 'none' or 'mean', not {chunk_pooling!r}")
+    if chunk_pooling != "none" and chunking is None:
+        raise ValueError("chunk_pooling needs chunking")
+
+
+def estimated_chunks(text: str, chunking: Chunking) -> int:
+    """About how many chunks the worker will cut ``text`` into, erring on the high side:
+    ``CHARS_PER_TOKEN`` characters per token, windows of ``max_tokens`` less two special
+    tokens, advancing by the window less the overlap."""
+    window = max(1, chunking.max_tokens - 2)
+    step = max(1, window - chunking.overlap_tokens)
+    tokens = -(-len(text) // CHARS_PER_TOKEN)
+    return 1 + max(0, -(-(tokens - window) // step))
+
+
 async def _batches(
-    documents: Iterable[Document] | AsyncIterable[Document], size: int
+    documents: Iterable[Document] | AsyncIterable[Document],
+    size: int,
+    chunking: Chunking | None,
+    chunk_budget: int,
 ) -> AsyncIterator[list[Document]]:
+    """Batches of at most ``size`` documents, and with ``chunking`` of at most about
+    ``chunk_budget`` chunks (a document over it alone)."""
     batch: list[Document] = []
+    budget = size if chunking is None else chunk_budget
+    weight = 0
     position = 0
     async for doc in _aiter(documents):
         position += 1
         _check_document(doc, position)
-        batch.append(doc)
-        if len(batch) == size:
+        cost = 1 if chunking is None else estimated_chunks(doc.text, chunking)
+        if batch and weight + cost > budget:
             yield batch
-            batch = []
+            batch, weight = [], 0
+        batch.append(doc)
+        weight += cost
+        if len(batch) == size or weight >= budget:
+            yield batch
+            batch, weight = [], 0
     if batch:
         yield batch
 

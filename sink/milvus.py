@@ -16,6 +16,14 @@ holding one id twice, only the newest row is written). The read and the write ar
 calls, so two sinks writing one id at the same instant could still let the older win;
 one sink group per collection, as documented, does not do that. A collection made by a sink
 that predates ``requested_ms`` is written without versions (a warning says so).
+
+Chunk rows (``{key}#{k}``, see ``sink.rows``) are read by document too (a filter on
+``metadata["doc_key"]``): a document whose stored rows include a newer one is left out of
+the upsert (an older, longer version arriving late brings no chunks back), and after the
+upsert the document's stored chunks of ``chunk_index >= chunks`` that are not newer are
+deleted by id. Without transactions a crash between the two calls leaves the stale chunks
+until the batch is replayed (which it is: its offsets were not committed). A collection
+without versions does not remove stale chunks.
 """
 
 from __future__ import annotations
@@ -55,6 +63,8 @@ _METRICS: dict[Metric, str] = {"inner_product": "IP", "cosine": "COSINE", "l2": 
 _MODEL_BYTES = 512
 _FIELDS = {"id", "vector", "metadata", "model", "updated_at"}
 _VERSION = "requested_ms"
+_DOCS_PER_QUERY = 100
+"""Documents per read of stored chunks (one equality each in the filter)."""
 
 
 class MilvusStore:
@@ -168,9 +178,10 @@ class MilvusStore:
 
     def upsert(self, rows: Sequence[Row]) -> None:
         now_ms = int(time.time() * 1000)
+        stale: list[str] = []
         try:
             if self._versioned:
-                rows = self._newest(rows)
+                rows, stale = self._chunks_by_document(self._newest(rows))
             data = [
                 {
                     "id": row.id,
@@ -184,6 +195,8 @@ class MilvusStore:
             ]
             if data:
                 self._connected().upsert(self._collection, data)
+            if stale:
+                self._connected().delete(self._collection, ids=stale)
         except (MilvusUnavailableException, ConnectError) as exc:
             self.close()
             raise TransientWriteError(self._describe("write failed", exc)) from None
@@ -205,6 +218,43 @@ class MilvusStore:
             )
             stored.update({hit["id"]: int(hit[_VERSION]) for hit in found})
         return [row for row in latest if stored.get(row.id, -1) <= row.requested_ms]
+
+    def _chunks_by_document(self, rows: list[Row]) -> tuple[list[Row], list[str]]:
+        """``rows`` less the chunks of documents that have a newer stored row, and the ids
+        of stored chunks the batch's documents no longer have (not newer than the batch)."""
+        docs: dict[str, tuple[Any, int, int]] = {}  # doc_key: (as sent, chunks, version)
+        for row in rows:
+            if row.doc_key is not None:
+                docs[row.doc_key] = (row.metadata["doc_key"], row.chunks, row.requested_ms)
+        if not docs:
+            return rows, []
+        stored: list[dict[str, Any]] = []
+        sent = [raw for raw, _, _ in docs.values()]
+        # Milvus takes "in" on plain fields only: a JSON path is compared key by key.
+        for start in range(0, len(sent), _DOCS_PER_QUERY):
+            part = sent[start : start + _DOCS_PER_QUERY]
+            stored += self._connected().query(
+                self._collection,
+                filter=" or ".join(
+                    f'metadata["doc_key"] == {json.dumps(key, ensure_ascii=False)}' for key in part
+                ),
+                output_fields=["metadata", _VERSION],
+            )
+        superseded: set[str] = set()
+        stale: list[str] = []
+        for hit in stored:
+            metadata = hit["metadata"]
+            index = metadata.get("chunk_index")
+            doc = docs.get(str(metadata.get("doc_key")))
+            if doc is None or not isinstance(index, int):
+                continue
+            _, chunks, version = doc
+            if int(hit[_VERSION]) > version:
+                superseded.add(str(metadata["doc_key"]))
+            elif index >= chunks:
+                stale.append(hit["id"])
+        kept = [row for row in rows if row.doc_key not in superseded]
+        return kept, [key for key in stale if key.rsplit("#", 1)[0] not in superseded]
 
     def _describe(self, what: str, exc: BaseException) -> str:
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__

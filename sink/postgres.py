@@ -25,6 +25,15 @@ many connections, each its share in its own transaction, in parallel: HNSW inser
 CPU-bound in the server, and parallel backends use its cores. The staging table (one per
 connection, ``ON COMMIT DELETE ROWS``) is empty outside a transaction. A table made by a
 sink that predates ``requested_ms`` gets the column (0 for its rows) at start-up.
+
+Chunk rows (``{key}#{k}``, see ``sink.rows``) carry their document's key in
+``metadata->>'doc_key'``, indexed by a partial btree index (``{table}_doc_key``, made with
+the table, or at start-up for an older table). Their move into the table skips a chunk
+whose document has a newer row already (an older, longer version arriving late does not
+bring back the chunks the newer one dropped), and the batch's transaction (writer 0's,
+with several writers) removes, with one ``DELETE ... USING unnest(...)`` over the batch's
+(document, chunk count, version) set, the chunks a document no longer has: rows of its
+``doc_key`` with ``chunk_index >= chunks`` and a version not newer than the batch's.
 """
 
 from __future__ import annotations
@@ -80,6 +89,8 @@ _STAGING = "kembed_sink_staging"
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)
 _FIELDS = struct.pack(">h", 5)  # id, vector, metadata, model, requested_ms
+_FIELDS_DOC = struct.pack(">h", 6)  # the same, then doc_key (NULL for a row per input)
+_NULL = struct.pack(">i", -1)
 _BIGINT = struct.pack(">i", 8)
 _JSONB_VERSION = b"\x01"  # jsonb's binary form: a version byte, then the JSON text
 MIN_WRITER_ROWS = 256
@@ -239,13 +250,14 @@ class PostgresStore:
         if existing is not None:
             if existing != dim:
                 raise DimensionMismatchError(self._table_name, existing, dim, "the results have")
-            with conn.transaction():  # a table made before rows had versions
+            with conn.transaction():  # a table made before rows had versions, or chunks
                 conn.execute(
                     sql.SQL(
                         "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "
                         "requested_ms bigint NOT NULL DEFAULT 0"
                     ).format(table=self._table)
                 )
+                conn.execute(self._doc_index_statement())
             return
         with conn.transaction():
             conn.execute(
@@ -259,6 +271,7 @@ class PostgresStore:
                     "updated_at timestamptz NOT NULL DEFAULT now())"
                 ).format(table=self._table, dim=sql.Literal(dim))
             )
+            conn.execute(self._doc_index_statement())
             if dim <= HNSW_MAX_DIM and self._index_after:
                 # Bulk mode: the index is built once the load is done; the table says which.
                 conn.execute(
@@ -296,6 +309,14 @@ class PostgresStore:
             m=sql.Literal(m),
             ef=sql.Literal(ef_construction),
         )
+
+    def _doc_index_statement(self) -> sql.Composed:
+        """The partial index that finds a document's chunk rows (few rows per key)."""
+        name = f"{self._table_name.split('.')[-1]}_doc_key"[:63]
+        return sql.SQL(
+            "CREATE INDEX IF NOT EXISTS {index} ON {table} ((metadata->>'doc_key')) "
+            "WHERE metadata ? 'doc_key'"
+        ).format(index=sql.Identifier(name), table=self._table)
 
     def pending_index(self) -> str | None:
         """The operator class of the HNSW index a bulk load left to build, if any."""
@@ -344,9 +365,10 @@ class PostgresStore:
         # way already; the results it writes one by one (to find a refused one) may repeat
         # a key within a result.
         unique = newest(rows)
+        docs = _documents(unique)
         parts = max(1, min(len(self._extra) + 1, len(unique) // MIN_WRITER_ROWS))
         if parts == 1:
-            self._write(0, unique)
+            self._write(0, unique, docs)
             return
         size = -(-len(unique) // parts)
         if self._pool is None:
@@ -357,7 +379,7 @@ class PostgresStore:
         ]
         errors: list[BaseException] = []
         try:
-            self._write(0, unique[:size])
+            self._write(0, unique[:size], docs)
         except Exception as exc:  # noqa: BLE001 (weighed with the other writers' below)
             errors.append(exc)
         for future in futures:
@@ -370,12 +392,16 @@ class PostgresStore:
             errors.sort(key=_severity)
             raise errors[0]
 
-    def _write(self, writer: int, rows: Sequence[Row]) -> None:
+    def _write(self, writer: int, rows: Sequence[Row], docs: _Documents | None = None) -> None:
         """One transaction on one writer's connection: COPY ``rows`` into the staging
-        table, then move them into the table under the version rule."""
+        table, move them into the table under the version rule, and remove the chunks
+        ``docs`` no longer have."""
         move = sql.SQL(
             "INSERT INTO {table} AS t (id, vector, metadata, model, requested_ms, updated_at) "
-            "SELECT id, vector, metadata, model, requested_ms, now() FROM {staging} "
+            "SELECT id, vector, metadata, model, requested_ms, now() FROM {staging} s "
+            "WHERE s.doc_key IS NULL OR NOT EXISTS (SELECT 1 FROM {table} o "
+            "WHERE o.metadata ? 'doc_key' AND o.metadata->>'doc_key' = s.doc_key "
+            "AND o.metadata ? 'chunk_index' AND o.requested_ms > s.requested_ms) "
             "ON CONFLICT (id) DO UPDATE SET vector = EXCLUDED.vector, "
             "metadata = EXCLUDED.metadata, model = EXCLUDED.model, "
             "requested_ms = EXCLUDED.requested_ms, updated_at = EXCLUDED.updated_at "
@@ -385,10 +411,19 @@ class PostgresStore:
             "(EXCLUDED.vector, EXCLUDED.metadata, EXCLUDED.model))"
         ).format(table=self._table, staging=sql.Identifier(_STAGING))
         copy = sql.SQL(
-            "COPY {staging} (id, vector, metadata, model, requested_ms) FROM STDIN "
+            "COPY {staging} (id, vector, metadata, model, requested_ms, doc_key) FROM STDIN "
             "WITH (FORMAT BINARY)"
         ).format(staging=sql.Identifier(_STAGING))
-        data = copy_data(rows)
+        # Chunks k >= n of each document, unless a newer version wrote them.
+        stale = sql.SQL(
+            "DELETE FROM {table} AS t USING unnest(%s::text[], %s::int[], %s::bigint[]) "
+            "AS d(doc_key, chunks, requested_ms) "
+            "WHERE t.metadata ? 'doc_key' AND t.metadata->>'doc_key' = d.doc_key "
+            "AND jsonb_typeof(t.metadata->'chunk_index') = 'number' "
+            "AND t.metadata->'chunk_index' >= to_jsonb(d.chunks) "
+            "AND t.requested_ms <= d.requested_ms"
+        ).format(table=self._table)
+        data = copy_data(rows, doc_key=True)
         try:
             conn = self._writer_connection(writer)
             self._ensure_staging(writer, conn)
@@ -396,6 +431,8 @@ class PostgresStore:
                 with cursor.copy(copy) as pipe:
                     pipe.write(data)
                 cursor.execute(move)
+                if docs:
+                    cursor.execute(stale, docs.columns())
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             self._close_writer(writer)  # reconnect on the next try
             raise TransientWriteError(self._describe("write failed", exc)) from None
@@ -412,7 +449,7 @@ class PostgresStore:
             sql.SQL(
                 "CREATE TEMPORARY TABLE IF NOT EXISTS {staging} (id text NOT NULL, "
                 "vector vector NOT NULL, metadata jsonb NOT NULL, model text NOT NULL, "
-                "requested_ms bigint NOT NULL) ON COMMIT DELETE ROWS"
+                "requested_ms bigint NOT NULL, doc_key text) ON COMMIT DELETE ROWS"
             ).format(staging=sql.Identifier(_STAGING))
         )
         self._staging_on[writer] = conn
@@ -428,9 +465,27 @@ def _severity(error: BaseException) -> int:
     return 1 if isinstance(error, TransientWriteError) else 0
 
 
-def copy_data(rows: Sequence[Row]) -> bytes:
+class _Documents(dict[str, tuple[int, int]]):
+    """The chunked documents of a batch: doc_key -> (its chunk count, its version)."""
+
+    def columns(self) -> tuple[list[str], list[int], list[int]]:
+        keys = list(self)
+        return keys, [self[k][0] for k in keys], [self[k][1] for k in keys]
+
+
+def _documents(rows: Sequence[Row]) -> _Documents:
+    """Each chunked document of ``rows`` (of one version each, after ``newest``)."""
+    docs = _Documents()
+    for row in rows:
+        if row.doc_key is not None:
+            docs[row.doc_key] = max(docs.get(row.doc_key, (0, 0)), (row.chunks, row.requested_ms))
+    return docs
+
+
+def copy_data(rows: Sequence[Row], *, doc_key: bool = False) -> bytes:
     """``rows`` in PostgreSQL's binary COPY format, for the columns (id text, vector
-    vector, metadata jsonb, model text, requested_ms bigint). A vector is pgvector's binary
+    vector, metadata jsonb, model text, requested_ms bigint), then (``doc_key``) doc_key
+    text, NULL for a row that is not a chunk. A vector is pgvector's binary
     form: its dimension and a zero (two int16), then its float32 values, all big-endian;
     the values are the row's float32 values bit for bit."""
     parts = [_COPY_HEADER]
@@ -444,7 +499,7 @@ def copy_data(rows: Sequence[Row]) -> bytes:
         metadata = _JSONB_VERSION + json.dumps(row.metadata).encode("utf-8")
         model = row.model.encode("utf-8")
         dim = len(values) // 4
-        append(_FIELDS)
+        append(_FIELDS_DOC if doc_key else _FIELDS)
         append(pack_len(len(key)))
         append(key)
         append(pack_dim(4 + len(values), dim, 0))
@@ -455,5 +510,12 @@ def copy_data(rows: Sequence[Row]) -> bytes:
         append(model)
         append(_BIGINT)
         append(pack_bigint(row.requested_ms))
+        if doc_key and row.doc_key is None:
+            append(_NULL)
+        elif doc_key:
+            assert row.doc_key is not None
+            document = row.doc_key.encode("utf-8")
+            append(pack_len(len(document)))
+            append(document)
     append(_COPY_TRAILER)
     return b"".join(parts)

@@ -3,6 +3,12 @@
 A result with vectors becomes one :class:`Row` per input: its id is the request's
 ``keys[i]`` (as text), its vector the float32 values whatever the wire ``dtype``, its
 metadata the request's ``meta`` without ``docs``, merged with ``meta["docs"][i]``.
+A chunked result (``chunks`` and ``spans``, one vector per chunk) becomes one row per
+chunk: chunk ``k`` of input ``i`` is row ``{keys[i]}#{k}``, its metadata the input's plus
+``doc_key``, ``chunk_index``, ``start_char`` and ``end_char``; the row also knows how many
+chunks its document has now (``Row.chunks``), so a store can remove the chunks an older,
+longer version left (schemas/README.md, "Ingestion conventions"). A chunked result pooled
+to one vector per input (``chunk_pooling`` ``mean``) is one row per input, as unchunked.
 Anything else becomes a :class:`Refused` with a code for the dead-letter topic.
 """
 
@@ -20,6 +26,7 @@ import numpy.typing as npt
 from schemas import EmbedResult, Encoding, ErrorResult, SchemaError, decode_result
 
 __all__ = [
+    "CHUNK_POOLING_KEY",
     "DOCS_KEY",
     "MAX_ID_BYTES",
     "Refused",
@@ -32,6 +39,10 @@ __all__ = [
 
 DOCS_KEY = "docs"
 """``meta[DOCS_KEY]``: per-input metadata, a list aligned with the request's inputs."""
+CHUNK_POOLING_KEY = "chunk_pooling"
+"""``meta[CHUNK_POOLING_KEY] == "mean"``: the producer asked for one vector per input. Only
+needed to tell the two apart when every input is a single chunk (then ``count`` equals
+both ``len(chunks)`` and ``len(spans)``); ``ingest()`` sets it with ``chunk_pooling="mean"``."""
 MAX_ID_BYTES = 1024
 """Longest row id (UTF-8 bytes): a Milvus VARCHAR primary key needs a bound."""
 
@@ -54,6 +65,11 @@ class Row:
     requested_ms: int = 0
     """The row's version: when its request was produced (the result's ``requested_ms``,
     else the result record's timestamp). A store never replaces a row by an older one."""
+    doc_key: str | None = None
+    """For a chunk row: its document's key (as text); None for a row per input."""
+    chunks: int = 0
+    """For a chunk row: how many chunks its document has in this version (a store removes
+    the document's rows of a higher ``chunk_index`` that are not newer); 0 otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +126,19 @@ def _rows(result: EmbedResult, keys: tuple[str, ...], version: int) -> RowsOf | 
 
     if result.keys is None:
         return refuse(MISSING_KEYS, "the result has no keys: rows need ids (send keys=...)")
-    if len(keys) != result.count:
-        return refuse(INVALID_RESULT, f"{len(keys)} keys for {result.count} vectors")
-    too_long = next((k for k in keys if len(k.encode("utf-8")) > MAX_ID_BYTES), None)
+    meta = dict(result.meta or {})
+    per_chunk = _per_chunk(result, meta.pop(CHUNK_POOLING_KEY, None) == "mean")
+    inputs = len(result.chunks) if result.chunks is not None else result.count
+    if len(keys) != inputs:
+        return refuse(INVALID_RESULT, f"{len(keys)} keys for {inputs} inputs")
+    if result.chunks is not None and not per_chunk and result.count != inputs:
+        return refuse(
+            INVALID_RESULT,
+            f"{result.count} vectors for {inputs} chunked inputs "
+            f"({sum(result.chunks)} chunks, {len(result.spans or ())} spans)",
+        )
+    longest = _CHUNK_SUFFIX_BYTES + len(str(max(result.chunks or (1,)))) if per_chunk else 0
+    too_long = next((k for k in keys if len(k.encode("utf-8")) + longest > MAX_ID_BYTES), None)
     if too_long is not None:
         return refuse(INVALID_KEY, f"a key is longer than {MAX_ID_BYTES} bytes")
     if Encoding(result.dtype) == Encoding.BINARY:
@@ -121,36 +147,110 @@ def _rows(result: EmbedResult, keys: tuple[str, ...], version: int) -> RowsOf | 
             "binary vectors are not written: the table holds float vectors (request "
             "float32, float16 or int8)",
         )
-    meta = dict(result.meta or {})
     docs = meta.pop(DOCS_KEY, None)
-    if docs is not None and (not isinstance(docs, list) or len(docs) != result.count):
+    if docs is not None and (not isinstance(docs, list) or len(docs) != inputs):
         size = len(docs) if isinstance(docs, list) else type(docs).__name__
-        return refuse(INVALID_RESULT, f"meta.docs must be a list of {result.count}, got {size}")
+        return refuse(INVALID_RESULT, f"meta.docs must be a list of {inputs}, got {size}")
     shared = jsonable(meta)
     vectors = float_vectors(result)
-    rows = []
-    for index, key in enumerate(keys):
-        metadata = dict(shared)
-        doc = docs[index] if docs is not None else None
-        if isinstance(doc, dict):
-            metadata.update(jsonable(doc))
-        elif doc is not None:
-            metadata[DOCS_KEY] = jsonable(doc)
-        rows.append(Row(key, vectors[index], metadata, result.model, version))
+    if per_chunk:
+        rows = _chunk_rows(result, keys, docs, shared, vectors, version)
+    else:
+        rows = [
+            Row(key, vectors[index], _metadata(shared, docs, index), result.model, version)
+            for index, key in enumerate(keys)
+        ]
     return RowsOf(result.id, result.model, result.dim, str(result.dtype), rows)
+
+
+_CHUNK_SUFFIX_BYTES = 1  # "#", then the chunk index's digits
+
+
+def _metadata(shared: dict[str, Any], docs: list[Any] | None, index: int) -> dict[str, Any]:
+    """Input ``index``'s metadata: the request-level ``meta`` and ``meta["docs"][index]``."""
+    metadata = dict(shared)
+    doc = docs[index] if docs is not None else None
+    if isinstance(doc, dict):
+        metadata.update(jsonable(doc))
+    elif doc is not None:
+        metadata[DOCS_KEY] = jsonable(doc)
+    return metadata
+
+
+def _per_chunk(result: EmbedResult, pooled: bool) -> bool:
+    """Whether a result holds one vector per chunk (else one per input). Told by the counts;
+    when every input is one chunk they agree, and the producer's ``meta`` says ``mean``."""
+    if result.chunks is None:
+        return False
+    chunks = sum(result.chunks)
+    if result.count != chunks or len(result.spans or ()) != chunks:
+        return False
+    return not (pooled and result.count == len(result.chunks))
+
+
+def _chunk_rows(
+    result: EmbedResult,
+    keys: tuple[str, ...],
+    docs: list[Any] | None,
+    shared: dict[str, Any],
+    vectors: npt.NDArray[np.float32],
+    version: int,
+) -> list[Row]:
+    """Row ``{keys[i]}#{k}`` per chunk ``k`` of input ``i``, with the chunk's metadata."""
+    assert result.chunks is not None  # _per_chunk checked both
+    assert result.spans is not None
+    raw_keys = result.keys or ()
+    rows = []
+    position = 0
+    for index, (key, count) in enumerate(zip(keys, result.chunks, strict=True)):
+        metadata = _metadata(shared, docs, index)
+        for chunk in range(count):
+            start, end = result.spans[position]
+            chunk_metadata = {
+                **metadata,
+                "doc_key": jsonable(raw_keys[index]),
+                "chunk_index": chunk,
+                "start_char": start,
+                "end_char": end,
+            }
+            rows.append(
+                Row(
+                    f"{key}#{chunk}",
+                    vectors[position],
+                    chunk_metadata,
+                    result.model,
+                    version,
+                    doc_key=key,
+                    chunks=count,
+                )
+            )
+            position += 1
+    return rows
 
 
 def newest(rows: Iterable[Row]) -> list[Row]:
     """One row per id: the newest version of it (the largest ``requested_ms``), whatever
     the order of ``rows``; of equal versions the last (a replay, or a later offset). A batch
     can hold two versions of a key, the older from another partition polled after the newer:
-    a store that never replaces a row by an older one must be handed the newer."""
+    a store that never replaces a row by an older one must be handed the newer.
+
+    Chunk rows go by document: only the chunks of a document's newest version are kept (an
+    older, longer version's extra chunks would otherwise come back to life)."""
     latest: dict[str, Row] = {}
+    doc_version: dict[str, int] = {}
     for row in rows:
         seen = latest.get(row.id)
         if seen is None or seen.requested_ms <= row.requested_ms:
             latest[row.id] = row
-    return list(latest.values())
+        if row.doc_key is not None:
+            doc_version[row.doc_key] = max(doc_version.get(row.doc_key, 0), row.requested_ms)
+    if not doc_version:
+        return list(latest.values())
+    return [
+        row
+        for row in latest.values()
+        if row.doc_key is None or row.requested_ms >= doc_version[row.doc_key]
+    ]
 
 
 def float_vectors(result: EmbedResult) -> npt.NDArray[np.float32]:

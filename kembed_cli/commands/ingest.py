@@ -26,6 +26,7 @@ from typing import IO, Any, TextIO
 from aiokafka.errors import KafkaError
 
 from kembed_cli.common import (
+    add_chunking_flags,
     add_settings_flags,
     positive_int,
     quiet_kafka_logs,
@@ -37,7 +38,7 @@ from kembed_shared.settings import KafkaClientSettings
 from producer_sdk.client import EmbedClient
 from producer_sdk.errors import IngestError, KembedError, RequestTooLargeError
 from producer_sdk.ingest import IngestSummary, JsonlError, JsonlReader, ingest
-from schemas import Encoding
+from schemas import Chunking, Encoding
 from schemas.codec import is_valid_topic
 from worker.settings import WorkerSettings
 
@@ -87,6 +88,23 @@ def add_parser(subcommands: Any, name: str, summary: str) -> None:
     parser.add_argument(
         "--encoding", choices=[str(e) for e in Encoding], default=str(Encoding.FLOAT32)
     )
+    add_chunking_flags(parser)
+    parser.add_argument(
+        "--chunk-pooling",
+        choices=["none", "mean"],
+        default="none",
+        help="none: one vector (row) per chunk; mean: one per document, the mean of its "
+        "chunks' (with --chunk-tokens; default: none)",
+    )
+    parser.add_argument(
+        "--chunks-per-request",
+        type=positive_int,
+        default=256,
+        metavar="N",
+        help="with --chunk-tokens: about N chunks per request at most (estimated at 3 "
+        "characters per token), so results stay under the workers' max_result_bytes and "
+        "max_client_batch_size (default: %(default)s)",
+    )
     parser.add_argument(
         "--skip-invalid", action="store_true", help="skip and count bad lines instead of failing"
     )
@@ -112,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
         normalize=not args.no_normalize,
         dimensions=args.dimensions,
         encoding=args.encoding,
+        chunk_tokens=args.chunk_tokens,
+        chunk_overlap=args.chunk_overlap,
+        chunk_pooling=args.chunk_pooling,
+        chunks_per_request=args.chunks_per_request,
         skip_invalid=args.skip_invalid,
         quiet=args.quiet,
     )
@@ -134,8 +156,19 @@ class IngestCommand:
     normalize: bool = True
     dimensions: int | None = None
     encoding: str = "float32"
+    chunk_tokens: int | None = None
+    """Chunk each document into windows of this many tokens (None: no chunking)."""
+    chunk_overlap: int = 0
+    chunk_pooling: str = "none"
+    chunks_per_request: int = 256
     skip_invalid: bool = False
     quiet: bool = False
+
+    def chunking(self) -> Chunking | None:
+        """The requests' ``chunking`` (ValueError for impossible numbers)."""
+        if self.chunk_tokens is None:
+            return None
+        return Chunking(self.chunk_tokens, self.chunk_overlap)
 
 
 def run_ingest_command(
@@ -159,6 +192,12 @@ def run_ingest_command(
         return fail(f"--reply-to {command.reply_to!r} is not a valid Kafka topic name", BAD_INPUT)
     if not is_valid_topic(command.topic):
         return fail(f"--topic {command.topic!r} is not a valid Kafka topic name", BAD_INPUT)
+    if command.chunk_tokens is None and (command.chunk_overlap or command.chunk_pooling != "none"):
+        return fail("--chunk-overlap and --chunk-pooling need --chunk-tokens", BAD_INPUT)
+    try:
+        command.chunking()
+    except ValueError as exc:
+        return fail(f"--chunk-tokens/--chunk-overlap: {exc}", BAD_INPUT)
     try:
         opened = _open(command.source)
     except OSError as exc:
@@ -220,6 +259,9 @@ async def _ingest(
             normalize=command.normalize,
             dimensions=command.dimensions,
             encoding=command.encoding,
+            chunking=command.chunking(),
+            chunk_pooling=command.chunk_pooling,
+            chunks_per_request=command.chunks_per_request,
         )
 
 

@@ -10,7 +10,7 @@ import io
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 import pytest
@@ -30,7 +30,7 @@ from producer_sdk import (
     ingest,
 )
 from producer_sdk.client import content_key
-from schemas import EmbedRequest, Encoding, decode_request
+from schemas import Chunking, EmbedRequest, Encoding, decode_request
 
 # ---------------------------------------------------------------------------- JSONL reader
 
@@ -161,6 +161,8 @@ class FakeClient:
         encoding: str = "float32",
         request_id: str | None = None,
         affinity: bool = False,
+        chunking: Chunking | None = None,
+        chunk_pooling: Literal["none", "mean"] = "none",
     ) -> str:
         size = sum(len(t) for t in texts)
         if self.max_bytes is not None and size > self.max_bytes:
@@ -173,6 +175,9 @@ class FakeClient:
                 "metadata": metadata,
                 "reply_to": reply_to,
                 "affinity": affinity,
+                "meta": meta,
+                "chunking": chunking,
+                "chunk_pooling": chunk_pooling,
             }
         )
         self.in_flight += 1
