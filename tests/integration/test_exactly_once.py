@@ -157,12 +157,12 @@ async def _feed(
     bootstrap: str, first: int, stop: asyncio.Event
 ) -> tuple[list[EmbedRequest], dict[int, int]]:
     """Publish a few more requests every 50 ms, numbered from ``first``, until ``stop``
-    is set (or 3 * COUNT are out); what was sent and the end offset of each partition
+    is set (or 30 * COUNT are out); what was sent and the end offset of each partition
     written to."""
     sent: list[EmbedRequest] = []
     ends: dict[int, int] = {}
     async with producer(bootstrap) as client:
-        while not stop.is_set() and len(sent) < 3 * COUNT:
+        while not stop.is_set() and len(sent) < 30 * COUNT:
             for _ in range(RESULT_PARTITIONS):
                 request = _request(first + len(sent))
                 value = encode_request(request)
@@ -186,41 +186,57 @@ async def _publish(bootstrap: str, topic: str, requests: list[EmbedRequest]) -> 
     return ends
 
 
-async def _kill_in_a_transaction(bootstrap: str, victim: WorkerProcess) -> bool:
+async def _kill_in_a_transaction(
+    bootstrap: str, victim: WorkerProcess, *, within_s: float = 120.0
+) -> tuple[bool, str]:
     """SIGKILL ``victim`` while a transaction of its own is open: freeze it (SIGSTOP) and
     look at the result partitions only it writes to; a high watermark past the last stable
     offset that stays there longer than a commit takes to complete is its open
-    transaction. Tries for a while, then kills it anyway; True if it caught one."""
+    transaction. A transaction is open for a millisecond or two between its results reaching
+    the broker and its commit, so the victim is frozen the moment a read_uncommitted watcher
+    sees new results there (the commit still has a round trip or more to go), and otherwise
+    at random moments. Tries for ``within_s``, then kills it anyway; True if it caught one,
+    and what it tried."""
     assigned = [e for e in victim.events() if e.get("event") == "partitions.assigned"]
     mine = [int(name.rsplit("-", 1)[1]) for name in assigned[-1]["partitions"]]
+    assert mine, "the victim owns no partition"
     tps = [TopicPartition(RESULTS, p) for p in mine]
     readers = [
         AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=level)
         for level in ("read_uncommitted", "read_committed")
     ]
-    for reader in readers:
-        await reader.start()
+    watcher = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, isolation_level="read_uncommitted", fetch_max_wait_ms=100
+    )
+    for consumer in (*readers, watcher):
+        await consumer.start()
+    watcher.assign(tps)
+    await watcher.seek_to_end(*tps)
 
     async def open_transaction() -> bool:
         high, stable = [await reader.end_offsets(tps) for reader in readers]
         return any(high[tp] > stable[tp] for tp in tps)
 
     try:
-        for _ in range(500):
+        deadline = time.monotonic() + within_s
+        tries = {"at random": 0, "on new results": 0, "open at first look": 0}
+        while time.monotonic() < deadline:
+            new = await watcher.getmany(*tps, timeout_ms=random.randint(1, 30))
             victim.process.send_signal(signal.SIGSTOP)
+            tries["on new results" if new else "at random"] += 1
             if await open_transaction():
+                tries["open at first look"] += 1
                 await asyncio.sleep(0.3)  # a commit under way completes meanwhile
                 if await open_transaction():
                     victim.process.kill()
-                    return True
+                    return True, f"{tries} on partitions {mine}"
             victim.process.send_signal(signal.SIGCONT)
-            await asyncio.sleep(random.uniform(0, 0.03))
         victim.process.kill()
-        return False
+        return False, f"{tries} on partitions {mine}"
     finally:
         victim.process.wait()
-        for reader in readers:
-            await reader.stop()
+        for consumer in (*readers, watcher):
+            await consumer.stop()
 
 
 def _assert_once(seen: list[tuple[str, Any]], wanted: set[str], inputs: int) -> None:
@@ -262,11 +278,11 @@ async def test_read_committed_sees_each_request_once_after_a_worker_is_killed(
     killed = asyncio.Event()
     feeder = asyncio.create_task(_feed(kafka.bootstrap_servers, COUNT, killed))
     try:
-        caught = await _kill_in_a_transaction(kafka.bootstrap_servers, victim)
+        caught, tried = await _kill_in_a_transaction(kafka.bootstrap_servers, victim)
     finally:
         killed.set()
         fed, fed_ends = await feeder
-    assert caught, "never caught the victim with a transaction open"
+    assert caught, f"never caught the victim with a transaction open: {tried}"
     requests += fed
     ends = {p: max(ends.get(p, 0), fed_ends.get(p, 0)) for p in ends.keys() | fed_ends.keys()}
     wanted = {request.id for request in requests}
