@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from loadtest.data import stsb_sentences
 from producer_sdk import EmbedClient, EmbedError, EmbedTimeoutError
-from schemas import EmbedRequest, EmbedResult, decode_result, encode_request
+from schemas import EmbedRequest, ErrorResult, decode_result, encode_request
 from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
 from scripts.worker_process import WorkerProcess
 
@@ -114,10 +114,10 @@ async def bulk(
                     if result.id not in pending:
                         continue
                     pending.discard(result.id)
-                    if isinstance(result, EmbedResult):
-                        tally.ok += 1
-                    else:
+                    if isinstance(result, ErrorResult):
                         tally.error(str(result.error.code))
+                    else:
+                        tally.ok += 1
                     if not pending:
                         drained.set()
 

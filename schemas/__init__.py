@@ -6,18 +6,23 @@ from schemas.errors import Envelope, ErrorCode, SchemaError
 from schemas.v1 import (
     CHUNK_POOLINGS,
     DEFAULT_RESULTS_TOPIC,
+    REQUEST_KINDS,
     VERSION,
     Chunking,
     EmbedRequest,
     EmbedResult,
     ErrorInfo,
     ErrorResult,
+    Request,
+    RerankRequest,
+    RerankResult,
     Result,
 )
 
 __all__ = [
     "CHUNK_POOLINGS",
     "DEFAULT_RESULTS_TOPIC",
+    "REQUEST_KINDS",
     "VERSION",
     "Chunking",
     "EmbedRequest",
@@ -27,6 +32,9 @@ __all__ = [
     "ErrorCode",
     "ErrorInfo",
     "ErrorResult",
+    "RerankRequest",
+    "RerankResult",
+    "Request",
     "Result",
     "SchemaError",
     "decode_request",

@@ -15,13 +15,14 @@ card.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, NoReturn, TypeVar
 
 import msgpack
 
 from schemas.codec import is_valid_topic
 from schemas.errors import ErrorCode, SchemaError
+from schemas.v1 import REQUEST_KINDS
 
 __all__ = [
     "CARD_VERSION",
@@ -64,6 +65,10 @@ class ModelDescription:
     default_prompt_name: str | None
     requests_topic: str
     bulk_topic: str | None
+    kind: str = field(default="embed", kw_only=True)
+    """What the model computes: ``embed`` (vectors for texts, an embedding model) or
+    ``rerank`` (a relevance score per (query, document) pair, a cross-encoder); it answers
+    requests of its own kind only."""
 
     def description_fields(self) -> dict[str, Any]:
         """The fields of the description by name, in order (those a subclass adds left out):
@@ -140,6 +145,7 @@ def encode_card(card: ModelCard) -> bytes:
         "instance": card.instance,
         "announced_ms": card.announced_ms,
         "interval_ms": card.interval_ms,
+        "kind": card.kind,
     }
     packed: bytes = msgpack.packb(body, use_bin_type=True)
     return packed
@@ -178,6 +184,7 @@ def decode_card(data: bytes) -> ModelCard:
         instance=_required(body, "instance", _non_empty),
         announced_ms=_required(body, "announced_ms", _non_negative),
         interval_ms=_required(body, "interval_ms", _positive),
+        kind=_default(_optional(body, "kind", _kind), "embed"),
     )
 
 
@@ -238,6 +245,12 @@ def _str(value: object) -> str:
 def _non_empty(value: object) -> str:
     if not _str(value):
         raise _MistypedError("must not be empty")
+    return _str(value)
+
+
+def _kind(value: object) -> str:
+    if _str(value) not in REQUEST_KINDS:
+        raise _MistypedError(f"must be one of {', '.join(REQUEST_KINDS)}")
     return _str(value)
 
 

@@ -26,6 +26,7 @@ from schemas.v1 import (
     CHUNK_POOLINGS,
     MAX_ID_BYTES,
     MAX_TOPIC_LENGTH,
+    REQUEST_KINDS,
     TRUNCATION_DIRECTIONS,
     VERSION,
     Chunking,
@@ -34,6 +35,9 @@ from schemas.v1 import (
     ErrorInfo,
     ErrorResult,
     Key,
+    Request,
+    RerankRequest,
+    RerankResult,
     Result,
     Span,
     chunking_problem,
@@ -65,7 +69,9 @@ def is_valid_topic(name: str) -> bool:
 # ---------------------------------------------------------------------------- encoding
 
 
-def encode_request(request: EmbedRequest) -> bytes:
+def encode_request(request: Request) -> bytes:
+    if isinstance(request, RerankRequest):
+        return _encode_rerank_request(request)
     body: dict[str, Any] = {"v": VERSION, "id": request.id, "inputs": list(request.inputs)}
     if request.model is not None:
         body["model"] = request.model
@@ -94,8 +100,42 @@ def encode_request(request: EmbedRequest) -> bytes:
     return _pack(body)
 
 
+def _encode_rerank_request(request: RerankRequest) -> bytes:
+    body: dict[str, Any] = {
+        "v": VERSION,
+        "id": request.id,
+        "kind": "rerank",
+        "query": request.query,
+        "documents": list(request.documents),
+    }
+    _put(body, "model", request.model)
+    _put(body, "top_n", request.top_n)
+    if request.return_documents:
+        body["return_documents"] = True
+    if request.raw_scores:
+        body["raw_scores"] = True
+    if not request.truncate:
+        body["truncate"] = False
+    _put(body, "truncation_direction", request.truncation_direction)
+    _put(body, "deadline_ms", request.deadline_ms)
+    _put(body, "reply_to", request.reply_to)
+    _put(body, "reply_partition", request.reply_partition)
+    _put(body, "meta", request.meta)
+    return _pack(body)
+
+
 def encode_result(result: Result) -> bytes:
     body: dict[str, Any] = {"v": VERSION, "id": result.id}
+    if isinstance(result, RerankResult):
+        body["kind"] = "rerank"
+        body["model"] = result.model
+        body["scores"] = result.scores
+        body["order"] = list(result.order)
+        body["tokens"] = list(result.tokens)
+        _put(body, "documents", None if result.documents is None else list(result.documents))
+        _put(body, "requested_ms", result.requested_ms)
+        _put(body, "meta", result.meta)
+        return _pack(body)
     if isinstance(result, EmbedResult):
         body["model"] = result.model
         body["dim"] = result.dim
@@ -155,7 +195,7 @@ def _pack(body: dict[str, Any]) -> bytes:
 # ---------------------------------------------------------------------------- decoding
 
 
-def decode_request(data: bytes) -> EmbedRequest:
+def decode_request(data: bytes) -> Request:
     """Parse and validate one request; raise SchemaError with the envelope when readable."""
     body = _unpack_map(data)
     envelope = _envelope(body)
@@ -187,6 +227,8 @@ def decode_result(data: bytes) -> Result:
             index=_optional(error, "index", _non_negative),
         )
         return ErrorResult(id=result_id, error=info, keys=keys, meta=meta)
+    if body.get("kind") is not None and _field("kind", body["kind"], _kind) == "rerank":
+        return _rerank_result(body, result_id, meta)
     dim = _required(body, "dim", _positive)
     dtype = _required(body, "dtype", _str)
     vectors = _required(body, "vectors", _bin)
@@ -221,6 +263,29 @@ def decode_result(data: bytes) -> Result:
         scales=scales,
         chunks=chunks,
         spans=spans,
+    )
+
+
+def _rerank_result(body: dict[str, Any], result_id: str, meta: Any) -> RerankResult:
+    scores = _required(body, "scores", _bin)
+    tokens = tuple(_required(body, "tokens", _int_list))
+    if len(scores) != 4 * len(tokens):
+        _fail(f"'scores' holds {len(scores)} bytes, expected {len(tokens)} float32")
+    order = tuple(_required(body, "order", _int_list))
+    if len(set(order)) != len(order) or any(not 0 <= i < len(tokens) for i in order):
+        _fail(f"'order' must hold distinct document indices in 0..{len(tokens) - 1}")
+    documents = _optional(body, "documents", _str_list)
+    if documents is not None and len(documents) != len(order):
+        _fail(f"'documents' has {len(documents)} entries for {len(order)} in 'order'")
+    return RerankResult(
+        id=result_id,
+        model=_required(body, "model", _str),
+        scores=scores,
+        order=order,
+        tokens=tokens,
+        documents=documents,
+        requested_ms=_optional(body, "requested_ms", _non_negative),
+        meta=meta,
     )
 
 
@@ -278,10 +343,12 @@ def _invalid_utf8(data: bytes) -> SchemaError:
     if not isinstance(body, dict):
         return SchemaError(ErrorCode.INVALID_REQUEST, "message must be a msgpack map")
     index = None
-    inputs = body.get("inputs")
-    if isinstance(inputs, list):
-        index = next((i for i, s in enumerate(inputs) if isinstance(s, str) and not _utf8(s)), None)
-    where = "an input" if index is not None else "a string field"
+    texts = body.get("documents" if body.get("kind") == "rerank" else "inputs")
+    if isinstance(texts, list):
+        index = next((i for i, s in enumerate(texts) if isinstance(s, str) and not _utf8(s)), None)
+    where = "a string field"
+    if index is not None:
+        where = "a document" if body.get("kind") == "rerank" else "an input"
     clean = {k: v for k, v in body.items() if isinstance(k, str) and _utf8(k) and _clean(v)}
     return SchemaError(
         ErrorCode.INVALID_REQUEST,
@@ -328,9 +395,11 @@ def _check_version(body: dict[str, Any]) -> None:
         _fail(f"'v' must be {VERSION}")
 
 
-def _request_from_map(body: dict[str, Any]) -> EmbedRequest:
+def _request_from_map(body: dict[str, Any]) -> Request:
     _check_version(body)
     request_id = _required(body, "id", _id)
+    if (_optional(body, "kind", _kind) or "embed") == "rerank":
+        return _rerank_from_map(body, request_id)
     inputs = _required(body, "inputs", _inputs)
     keys = _optional(body, "keys", _keys)
     if keys is not None and len(keys) != len(inputs):
@@ -364,6 +433,24 @@ def _request_from_map(body: dict[str, Any]) -> EmbedRequest:
         meta=meta,
         chunking=chunking,
         chunk_pooling=chunk_pooling,
+    )
+
+
+def _rerank_from_map(body: dict[str, Any], request_id: str) -> RerankRequest:
+    return RerankRequest(
+        id=request_id,
+        query=_required(body, "query", _non_empty_str),
+        documents=_required(body, "documents", _inputs),
+        model=_optional(body, "model", _non_empty_str),
+        top_n=_optional(body, "top_n", _positive),
+        return_documents=_optional(body, "return_documents", _bool) or False,
+        raw_scores=_optional(body, "raw_scores", _bool) or False,
+        truncate=_flag(body, "truncate"),
+        truncation_direction=_optional(body, "truncation_direction", _direction),
+        deadline_ms=_optional(body, "deadline_ms", _non_negative),
+        reply_to=_optional(body, "reply_to", _topic),
+        reply_partition=_optional(body, "reply_partition", _non_negative),
+        meta=_optional(body, "meta", _meta),
     )
 
 
@@ -509,6 +596,19 @@ def _inputs(value: object) -> tuple[str, ...]:
             raise _MistypedError(f"[{index}] must be a string", index)
         if not item:
             raise _MistypedError(f"[{index}] must not be empty", index)
+    return tuple(value)
+
+
+def _kind(value: object) -> str:
+    text = _str(value)
+    if text not in REQUEST_KINDS:
+        raise _MistypedError(f"must be one of {', '.join(REQUEST_KINDS)}")
+    return text
+
+
+def _str_list(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise _MistypedError("must be an array of strings")
     return tuple(value)
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_RESULTS_TOPIC",
     "MAX_ID_BYTES",
     "MAX_TOPIC_LENGTH",
+    "REQUEST_KINDS",
     "TRUNCATION_DIRECTIONS",
     "VERSION",
     "Chunking",
@@ -26,6 +27,9 @@ __all__ = [
     "EmbedResult",
     "ErrorInfo",
     "ErrorResult",
+    "RerankRequest",
+    "RerankResult",
+    "Request",
     "Result",
     "Span",
     "chunking_problem",
@@ -39,6 +43,8 @@ MAX_TOPIC_LENGTH = 249
 TRUNCATION_DIRECTIONS = ("right", "left")
 DEFAULT_RESULTS_TOPIC = "embed.results"
 CHUNK_POOLINGS = ("none", "mean")
+REQUEST_KINDS = ("embed", "rerank")
+"""A request's ``kind`` (and a model's, in its catalog card): what is asked of the model."""
 
 Key = str | int
 Span = tuple[int, int]
@@ -135,6 +141,63 @@ class EmbedResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RerankRequest:
+    """One rerank request (``kind`` ``rerank``): score each of ``documents`` against
+    ``query`` with a cross-encoder, and answer on ``reply_to`` under ``id``.
+
+    Each (query, document) pair is tokenized as a pair and cut, when longer than the
+    model's maximum, longest-first (a token off the longer of the two at a time) at the
+    ``truncation_direction`` end of each."""
+
+    id: str
+    query: str
+    documents: tuple[str, ...]
+    model: str | None = None
+    top_n: int | None = None
+    """How many documents ``order`` names (all of them when None or larger)."""
+    return_documents: bool = False
+    """The result carries the texts of the documents ``order`` names."""
+    raw_scores: bool = False
+    """Scores before the model's activation (logits) instead of after it."""
+    truncate: bool = True
+    truncation_direction: str | None = None
+    deadline_ms: int | None = None
+    reply_to: str | None = None
+    reply_partition: int | None = None
+    meta: dict[str, Any] | None = None
+
+    @property
+    def reply_topic(self) -> str:
+        return self.reply_to or DEFAULT_RESULTS_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class RerankResult:
+    """The scores for one rerank request: ``scores`` holds one little-endian float32 per
+    document, in the request's order; ``order`` the indices of the best ``top_n``
+    documents, highest score first (ties: the lower index first)."""
+
+    id: str
+    model: str
+    scores: bytes
+    order: tuple[int, ...]
+    tokens: tuple[int, ...]
+    """Tokens per (query, document) pair after truncation, special tokens included."""
+    documents: tuple[str, ...] | None = None
+    """With ``return_documents``: the text of each document ``order`` names, in that order."""
+    requested_ms: int | None = None
+    meta: dict[str, Any] | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.tokens)
+
+    def score_values(self) -> array[float]:
+        """The scores as Python floats (float32 values), in the documents' order."""
+        return unpack_float32(self.scores)
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorInfo:
     code: ErrorCode | str
     message: str
@@ -151,7 +214,8 @@ class ErrorResult:
     meta: dict[str, Any] | None = field(default=None)
 
 
-Result = EmbedResult | ErrorResult
+Request = EmbedRequest | RerankRequest
+Result = EmbedResult | RerankResult | ErrorResult
 
 
 def pack_float32(values: array[float]) -> bytes:

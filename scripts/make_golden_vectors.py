@@ -329,6 +329,83 @@ def later_valid_cases() -> list[tuple[str, str, dict[str, Any], str]]:
             "the answer to request-meta-float32: its meta bytes unchanged, float32 included",
         ),
         *chunking_cases(),
+        *rerank_cases(),
+    ]
+
+
+def rerank_cases() -> list[tuple[str, str, dict[str, Any], str]]:
+    """Rerank requests (``kind`` rerank) and their results."""
+    scores = [0.25, 0.875, 0.5]  # exact in float32
+    return [
+        (
+            "request-rerank",
+            "request",
+            {
+                "v": 1,
+                "id": "req-15",
+                "kind": "rerank",
+                "query": "what is kafka?",
+                "documents": ["a log", "a distributed event log", "a novelist"],
+            },
+            "a rerank request with every option at its default: all documents in 'order', "
+            "activated scores, no documents returned",
+        ),
+        (
+            "result-rerank",
+            "result",
+            {
+                "v": 1,
+                "id": "req-15",
+                "kind": "rerank",
+                "model": "cross-encoder/ms-marco-MiniLM-L-6-v2",
+                "scores": struct.pack("<3f", *scores),
+                "order": [1, 2, 0],
+                "tokens": [9, 12, 9],
+                "requested_ms": 1760000000000,
+            },
+            "the answer to request-rerank: scores " + json.dumps(scores) + " as "
+            "little-endian float32, in the documents' order; 'order' highest first",
+        ),
+        (
+            "request-rerank-options",
+            "request",
+            {
+                "v": 1,
+                "id": "req-16",
+                "kind": "rerank",
+                "query": "what is kafka?",
+                "documents": ["a log", "a distributed event log", "a novelist"],
+                "model": "reranker",
+                "top_n": 2,
+                "return_documents": True,
+                "raw_scores": True,
+                "truncate": False,
+                "truncation_direction": "left",
+                "deadline_ms": 1760000000000,
+                "reply_to": "embed.results.app",
+                "reply_partition": 1,
+                "meta": {"trace": "t-1"},
+            },
+            "every optional field, in canonical order",
+        ),
+        (
+            "result-rerank-documents",
+            "result",
+            {
+                "v": 1,
+                "id": "req-16",
+                "kind": "rerank",
+                "model": "reranker",
+                "scores": struct.pack("<3f", -1.5, 2.0, 2.0),
+                "order": [1, 2],
+                "tokens": [9, 12, 9],
+                "documents": ["a distributed event log", "a novelist"],
+                "meta": {"trace": "t-1"},
+            },
+            "the answer to request-rerank-options: raw scores [-1.5, 2.0, 2.0]; top_n 2; "
+            "the tie between documents 1 and 2 goes to the lower index; the texts of "
+            "'order', in its order",
+        ),
     ]
 
 
@@ -410,6 +487,14 @@ def invalid_cases() -> list[dict[str, Any]]:
         + b"\x91\xa2\xff\xfe"  # array of 1: a 2-byte str that is not UTF-8
     )  # fmt: skip
     bad, eid = "invalid_request", "bad-1"  # the usual code; the id the envelope keeps
+    rerank = {
+        "v": 1,
+        "id": "bad-1",
+        "kind": "rerank",
+        "query": "q",
+        "documents": ["d"],
+        "reply_to": "my.replies",
+    }
 
     def without(key: str) -> bytes:
         return pack({k: v for k, v in ok.items() if k != key})
@@ -488,6 +573,15 @@ def invalid_cases() -> list[dict[str, Any]]:
             None,
             eid,
         ),
+        ("kind-unknown", pack({**ok, "kind": "classify"}), bad, None, eid),
+        ("rerank-without-query", pack({**rerank, "query": None}), bad, None, eid),
+        ("rerank-empty-query", pack({**rerank, "query": ""}), bad, None, eid),
+        ("rerank-without-documents", pack({**rerank, "documents": None}), bad, None, eid),
+        ("rerank-no-documents", pack({**rerank, "documents": []}), bad, None, eid),
+        ("rerank-empty-document", pack({**rerank, "documents": ["a", ""]}), bad, 1, eid),
+        ("rerank-document-not-string", pack({**rerank, "documents": ["a", 7]}), bad, 1, eid),
+        ("rerank-top-n-zero", pack({**rerank, "top_n": 0}), bad, None, eid),
+        ("rerank-raw-scores-not-bool", pack({**rerank, "raw_scores": 1}), bad, None, eid),
     ]
     return [
         {"name": name, "hex": data.hex(), "code": code, "index": index, "envelope_id": envelope}

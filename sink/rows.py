@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from schemas import EmbedResult, Encoding, ErrorResult, SchemaError, decode_result
+from schemas import EmbedResult, Encoding, ErrorResult, RerankResult, SchemaError, decode_result
 
 __all__ = [
     "CHUNK_POOLING_KEY",
@@ -108,6 +108,8 @@ def rows_of(value: bytes | None, record_ms: int = 0) -> RowsOf | Refused:
         result = decode_result(value)
     except SchemaError as exc:
         return Refused(INVALID_RESULT, f"not a valid result: {exc.message}")
+    if isinstance(result, RerankResult):
+        return Refused(INVALID_RESULT, "a rerank result holds scores, not vectors", result.id)
     keys = tuple(str(key) for key in result.keys or ())
     if isinstance(result, ErrorResult):
         return Refused(

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from loadtest.data import StsPair, load_stsb
+from schemas import EmbedRequest, decode_request
 from scripts.kafka_local import LocalKafka
 from scripts.pg_local import LocalPostgres
 from scripts.worker_process import ROOT, WorkerProcess
@@ -73,3 +74,10 @@ def postgres() -> Iterator[LocalPostgres]:
     server.start()
     yield server
     server.stop()
+
+
+def embed_request(data: bytes) -> EmbedRequest:
+    """``decode_request`` of a message that must be an embed request."""
+    request = decode_request(data)
+    assert isinstance(request, EmbedRequest), request
+    return request

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from kembed_shared.ports import Record
-from schemas import EmbedRequest, ErrorCode, ErrorInfo, SchemaError, decode_request
+from schemas import EmbedRequest, ErrorCode, ErrorInfo, RerankRequest, SchemaError, decode_request
 from schemas.errors import Envelope
 from schemas.headers import envelope_from_headers, fill_from_headers
 
@@ -101,6 +101,11 @@ def decode_record(record: Record, limits: Limits, now_ms: int) -> Decoded:
         request = decode_request(record.value)
     except SchemaError as exc:
         return _answer(exc, headers, limits)
+    if isinstance(request, RerankRequest):  # not served yet
+        error = SchemaError(ErrorCode.INVALID_REQUEST, "this worker serves no reranker")
+        return _answer(
+            error.with_envelope(Envelope(request.id, request.reply_to, None)), headers, limits
+        )
     body = Envelope(request.id, request.reply_to, request.reply_partition)
     routing = fill_from_headers(body, headers)
     if routing != body:

@@ -36,7 +36,14 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from schemas import EmbedRequest, EmbedResult, ErrorCode, ErrorResult, decode_result
+from schemas import (
+    EmbedRequest,
+    EmbedResult,
+    ErrorCode,
+    ErrorResult,
+    Result,
+    decode_result,
+)
 from schemas.codec import encode_request
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import ROOT, WorkerProcess, load_stsb
@@ -104,7 +111,7 @@ class Group:
                 sent.append(await client.send(self.requests, value, partition=n % PARTITIONS))
             await asyncio.gather(*sent)
 
-    async def answers(self, ids: set[str]) -> dict[str, EmbedResult | ErrorResult]:
+    async def answers(self, ids: set[str]) -> dict[str, Result]:
         def answered(records: list[Any]) -> bool:
             return ids <= {decode_result(record.value).id for record in records}
 

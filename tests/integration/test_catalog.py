@@ -26,11 +26,10 @@ from kembed_shared.kafka.catalog import Announcer, start_announcer
 from producer_sdk import CatalogModel, EmbedClient, EmbedTimeoutError
 from producer_sdk.catalog import read_catalog
 from producer_sdk.config import ClientConfig
-from schemas import decode_request
 from schemas.catalog import ModelDescription, decode_card
 from scripts.kafka_local import CATALOG_TOPIC_CONFIG, LocalKafka, TopicSpec
 from tests.catalog_models import described
-from tests.conftest import ROOT
+from tests.conftest import ROOT, embed_request
 from tests.integration.kafka_io import read_all
 from worker.settings import WorkerSettings
 
@@ -218,7 +217,7 @@ async def test_requests_are_routed_to_the_catalogs_topic(kafka: LocalKafka) -> N
     def seen(topic: str) -> list[tuple[str | None, str]]:
         return [
             (request.model, request.inputs[0])
-            for request in (decode_request(r.value) for r in records[topic])
+            for request in (embed_request(r.value) for r in records[topic])
         ]
 
     records = {t: await read_all(kafka.bootstrap_servers, t) for t in (routed, pinned, default)}

@@ -7,7 +7,14 @@ import uuid
 
 import pytest
 
-from schemas import EmbedRequest, EmbedResult, ErrorResult, decode_result, encode_request
+from schemas import (
+    EmbedRequest,
+    EmbedResult,
+    ErrorResult,
+    Result,
+    decode_result,
+    encode_request,
+)
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess, load_stsb
 from tests.integration.kafka_io import producer, read_all
@@ -51,7 +58,7 @@ async def test_inputs_that_expire_in_the_queue_never_reach_the_encoder(
         await client.flush()
 
     expected = {r.id for r in [*backlog, *expiring]}
-    results: dict[str, EmbedResult | ErrorResult] = {}
+    results: dict[str, Result] = {}
     give_up = time.monotonic() + 120
     while not expected <= set(results) and time.monotonic() < give_up:
         results = {

@@ -23,10 +23,10 @@ from producer_sdk import (
     hamming_distances,
     unpack_bits,
 )
-from schemas import EmbedResult, ErrorResult, decode_request, decode_result, encode_result
+from schemas import EmbedResult, ErrorResult, decode_result, encode_result
 from schemas.headers import routing_headers
 from scripts.kafka_local import LocalKafka, TopicSpec
-from tests.conftest import ROOT, StsPair, WorkerProcess, load_stsb
+from tests.conftest import ROOT, StsPair, WorkerProcess, embed_request, load_stsb
 from tests.integration.kafka_io import collect, producer
 
 pytestmark = pytest.mark.integration
@@ -198,7 +198,7 @@ async def test_a_worker_that_ignores_encoding_raises_unexpected_encoding(
 
         async def old_worker() -> None:
             record = await consumer.getone()
-            request = decode_request(record.value)
+            request = embed_request(record.value)
             assert request.encoding == "int8"  # the field reached the worker...
             answer = EmbedResult(  # ...which answers float32 anyway, as old workers do
                 id=request.id,

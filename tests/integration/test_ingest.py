@@ -18,9 +18,9 @@ import pytest
 
 from loadtest.data import stsb_dir
 from producer_sdk import EmbedClient
-from schemas import EmbedResult, Result, decode_request, decode_result
+from schemas import EmbedResult, Result, decode_result
 from scripts.kafka_local import LocalKafka, TopicSpec
-from tests.conftest import ROOT, WorkerProcess
+from tests.conftest import ROOT, WorkerProcess, embed_request
 from tests.integration.kafka_io import read_all
 from worker.quality import load_pairs
 
@@ -141,7 +141,7 @@ async def test_submit_returns_before_the_answer_exists(kafka: LocalKafka, tmp_pa
             reply_to=replies,
         )
     [sent] = await read_all(kafka.bootstrap_servers, bulk)
-    assert decode_request(sent.value).id == request_id
+    assert embed_request(sent.value).id == request_id
     assert await read_all(kafka.bootstrap_servers, replies) == []
 
     late_worker = WorkerProcess(
@@ -180,7 +180,7 @@ async def test_kembed_ingest_fails_fast_on_a_bad_line_after_sending_what_came_be
     assert done.returncode == 2, done.stderr
     assert "<stdin>:5: field 'text' must be a string, got a number" in done.stderr
     assert "4 documents in 2 requests were acknowledged" in done.stderr
-    requests = [decode_request(r.value) for r in await read_all(kafka.bootstrap_servers, topic)]
+    requests = [embed_request(r.value) for r in await read_all(kafka.bootstrap_servers, topic)]
     assert [key for request in requests for key in request.keys or ()] == [1, 2, 3, 4]
 
 
@@ -196,4 +196,4 @@ async def test_kembed_ingest_skips_bad_lines_when_asked(kafka: LocalKafka) -> No
     assert "<stdin>:2: not valid JSON" in done.stderr
     assert "<stdin>:3: no field 'text'" in done.stderr
     [record] = await read_all(kafka.bootstrap_servers, topic)
-    assert decode_request(record.value).keys == ("a", "c")
+    assert embed_request(record.value).keys == ("a", "c")

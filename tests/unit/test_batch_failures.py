@@ -27,7 +27,14 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 
 import worker.pipeline
 from kembed_shared.ports import Record, TopicPartition
-from schemas import EmbedRequest, EmbedResult, ErrorCode, ErrorResult, decode_result
+from schemas import (
+    EmbedRequest,
+    EmbedResult,
+    ErrorCode,
+    ErrorResult,
+    Result,
+    decode_result,
+)
 from schemas.codec import encode_request
 from worker.batcher import TokenBudget
 from worker.cache import VectorCache
@@ -217,7 +224,7 @@ class Harness:
             self.ids[request.id] = [piece.ids for piece in self.tokenizer.encode(request.inputs)]
         self.source.waves.put_nowait(wave)
 
-    async def answers(self, timeout: float = 20.0) -> dict[str, EmbedResult | ErrorResult]:
+    async def answers(self, timeout: float = 20.0) -> dict[str, Result]:
         """Every request's answer, once all are in; fails if any came twice."""
         async with asyncio.timeout(timeout):
             while len(self.publisher.sent) < len(self.requests):

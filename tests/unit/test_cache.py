@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from schemas import EmbedRequest, EmbedResult, Encoding, ErrorCode, ErrorResult
+from schemas import EmbedRequest, EmbedResult, Encoding, ErrorCode, ErrorResult, Result
 from tests.unit.test_batch_failures import (
     REPLIES,
     TOPIC,
@@ -276,7 +276,7 @@ VARIANTS: list[dict[str, Any]] = [
 
 async def answer(
     cache: VectorCache | None, requests: list[list[EmbedRequest]]
-) -> tuple[list[dict[str, EmbedResult | ErrorResult]], FakeEncoder, Harness]:
+) -> tuple[list[dict[str, Result]], FakeEncoder, Harness]:
     """Each wave of requests answered in turn by one pipeline (ids made unique)."""
     encoder = FakeEncoder(never_fails)
     harness = Harness(encoder)

@@ -60,6 +60,7 @@ cards = st.builds(
     instance=text,
     announced_ms=st.integers(0, 1 << 62),
     interval_ms=st.integers(1, 1 << 40),
+    kind=st.sampled_from(["embed", "rerank"]),
 )
 
 
@@ -81,7 +82,7 @@ def test_card_encoding_is_canonical() -> None:
     assert list(decoded) == [
         "v", "name", "aliases", "dim", "max_seq_length", "pooling", "dtype", "quantization",
         "device", "prompts", "default_prompt_name", "requests_topic", "bulk_topic",
-        "group_id", "instance", "announced_ms", "interval_ms",
+        "group_id", "instance", "announced_ms", "interval_ms", "kind",
     ]  # fmt: skip
     assert decoded["v"] == 1
     assert decoded["bulk_topic"] is None

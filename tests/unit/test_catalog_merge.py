@@ -306,8 +306,8 @@ def test_models_table_and_json() -> None:
     as_json = models_json(models)
     assert list(as_json[1]) == [
         "name", "aliases", "dim", "max_seq_length", "pooling", "dtype", "quantization",
-        "device", "prompts", "default_prompt_name", "requests_topic", "bulk_topic", "group_id",
-        "topics", "workers", "instances", "announced_ms", "interval_ms",
+        "device", "prompts", "default_prompt_name", "requests_topic", "bulk_topic", "kind",
+        "group_id", "topics", "workers", "instances", "announced_ms", "interval_ms",
     ]  # fmt: skip
     assert as_json[1]["instances"] == ["w1", "w2"]
     assert as_json[1]["workers"] == 2

@@ -20,6 +20,7 @@ from schemas import (
     ErrorCode,
     ErrorInfo,
     ErrorResult,
+    Request,
     SchemaError,
     decode_request,
     decode_result,
@@ -29,6 +30,7 @@ from schemas import (
 from schemas.codec import is_valid_topic
 from schemas.encodings import INT8_NORMALIZED_SCALE, row_bytes, unpack_rows, unpack_scales
 from schemas.v1 import MAX_ID_BYTES, pack_float32, unpack_float32
+from tests.conftest import embed_request
 
 # ---------------------------------------------------------------------------- strategies
 
@@ -542,7 +544,7 @@ request_like = st.one_of(
 )
 
 
-def decode_or_error(data: bytes) -> EmbedRequest | SchemaError:
+def decode_or_error(data: bytes) -> Request | SchemaError:
     """decode_request's result, or the SchemaError it raised (any other exception escapes)."""
     try:
         return decode_request(data)
@@ -762,8 +764,8 @@ def test_encoding_defaults_to_float32_and_is_left_out() -> None:
     """No 'encoding' means float32, an explicit float32 decodes the same, and the canonical
     form never writes the default (so old requests and old clients are unaffected)."""
     minimal = {"v": 1, "id": "r", "inputs": ["a"]}
-    assert decode_request(pack(minimal)).encoding == Encoding.FLOAT32
-    explicit = decode_request(pack({**minimal, "encoding": "float32"}))
+    assert embed_request(pack(minimal)).encoding == Encoding.FLOAT32
+    explicit = embed_request(pack({**minimal, "encoding": "float32"}))
     assert explicit == EmbedRequest(id="r", inputs=("a",))
     assert encode_request(explicit) == pack(minimal)
 
@@ -772,7 +774,7 @@ def test_encoding_defaults_to_float32_and_is_left_out() -> None:
 def test_each_encoding_decodes_and_encodes_by_name(encoding: Encoding) -> None:
     """Every documented encoding name is accepted and written back as the same plain string."""
     body = {"v": 1, "id": "r", "inputs": ["a"], "encoding": encoding.value}
-    request = decode_request(pack(body))
+    request = embed_request(pack(body))
     assert request.encoding is encoding
     written = unpack(encode_request(request))
     assert written.get("encoding", "float32") == encoding.value

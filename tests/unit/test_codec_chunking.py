@@ -18,11 +18,11 @@ from schemas import (
     EmbedResult,
     ErrorCode,
     SchemaError,
-    decode_request,
     decode_result,
     encode_request,
     encode_result,
 )
+from tests.conftest import embed_request
 from tests.unit.test_codec import _result_body as plain_result_body
 from tests.unit.test_codec import embed_results, requests
 
@@ -78,7 +78,7 @@ def chunked_results(draw: st.DrawFn) -> EmbedResult:
 @given(chunked_requests())
 def test_chunked_request_round_trip(request: EmbedRequest) -> None:
     """Any valid chunked request decodes back to an equal request after encoding."""
-    assert decode_request(encode_request(request)) == request
+    assert embed_request(encode_request(request)) == request
 
 
 def test_chunking_is_encoded_last_and_defaults_left_out() -> None:
@@ -95,7 +95,7 @@ def test_chunking_is_encoded_last_and_defaults_left_out() -> None:
 
 
 def test_request_without_chunking_has_none_and_pooling_none() -> None:
-    decoded = decode_request(pack({"v": 1, "id": "r", "inputs": ["a"]}))
+    decoded = embed_request(pack({"v": 1, "id": "r", "inputs": ["a"]}))
     assert decoded.chunking is None
     assert decoded.chunk_pooling == "none"
 
@@ -103,14 +103,14 @@ def test_request_without_chunking_has_none_and_pooling_none() -> None:
 def test_explicit_nils_in_chunking_mean_absent() -> None:
     body = {"v": 1, "id": "r", "inputs": ["a"], "chunk_pooling": None}
     body["chunking"] = {"max_tokens": 8, "overlap_tokens": None}
-    decoded = decode_request(pack(body))
+    decoded = embed_request(pack(body))
     assert decoded.chunking == Chunking(8, 0)
     assert decoded.chunk_pooling == "none"
 
 
 def test_explicit_pooling_none_with_chunking_is_accepted() -> None:
     body = {"v": 1, "id": "r", "inputs": ["a"], "chunking": {"max_tokens": 8}}
-    decoded = decode_request(pack({**body, "chunk_pooling": "none"}))
+    decoded = embed_request(pack({**body, "chunk_pooling": "none"}))
     assert decoded.chunk_pooling == "none"
 
 
@@ -165,7 +165,7 @@ def test_invalid_chunking_is_invalid_request(changes: dict[str, Any], words: str
     the envelope so the worker can answer."""
     body = {"v": 1, "id": "r", "inputs": ["a"], "reply_to": "my.replies", **changes}
     with pytest.raises(SchemaError) as caught:
-        decode_request(pack(body))
+        embed_request(pack(body))
     assert caught.value.code == ErrorCode.INVALID_REQUEST
     assert words in caught.value.message
     assert caught.value.envelope.id == "r"

@@ -30,7 +30,8 @@ from producer_sdk import (
     ingest,
 )
 from producer_sdk.client import content_key
-from schemas import Chunking, EmbedRequest, Encoding, decode_request
+from schemas import Chunking, EmbedRequest, Encoding
+from tests.conftest import embed_request
 
 # ---------------------------------------------------------------------------- JSONL reader
 
@@ -393,7 +394,7 @@ async def test_submit_builds_the_wire_request_with_keys_and_metadata() -> None:
     assert request_id == "req-1"
     [(value, headers, topic)] = recorder.sent
     assert topic == "bulk.in"
-    request = decode_request(value)
+    request = embed_request(value)
     assert request.inputs == ("a", "b")
     assert request.keys == ("k1", 2)
     assert request.meta == {"batch": 7, "docs": [{"title": "A"}, {}]}
@@ -404,7 +405,7 @@ async def test_submit_builds_the_wire_request_with_keys_and_metadata() -> None:
     assert dict(headers)["kafka_correlationId"] == b"req-1"
     await client.submit(["c"], bulk=False)
     assert recorder.sent[1][2] == "embed.requests"
-    assert decode_request(recorder.sent[1][0]).reply_to == "embed.results"
+    assert embed_request(recorder.sent[1][0]).reply_to == "embed.results"
     assert recorder.keys == [None, None], "no message key unless affinity is asked for"
 
 
@@ -413,7 +414,7 @@ async def test_submit_with_affinity_keys_the_message_by_its_content() -> None:
     await client.submit(["a", "b"], affinity=True)
     await client.submit(["a", "b"], affinity=True, keys=[1, 2], dimensions=8)
     await client.submit(["a", "c"], affinity=True)
-    first = decode_request(recorder.sent[0][0])
+    first = embed_request(recorder.sent[0][0])
     assert recorder.keys[0] == content_key(first)
     assert recorder.keys[1] == recorder.keys[0]
     assert recorder.keys[2] != recorder.keys[0]

@@ -14,7 +14,8 @@ from kembed_cli.commands.ingest import IngestCommand, run_ingest_command
 from kembed_cli.main import build_parser
 from producer_sdk import Document, ingest
 from producer_sdk.ingest import estimated_chunks
-from schemas import Chunking, decode_request
+from schemas import Chunking
+from tests.conftest import embed_request
 from tests.unit.test_ingest import FakeClient, _offline_client
 
 
@@ -82,7 +83,7 @@ async def test_submit_writes_chunking_on_the_wire() -> None:
     await client.submit(["a long text"], keys=["k"], chunking=Chunking(64, 8))
     await client.submit(["b"], keys=["k"], chunking=Chunking(32), chunk_pooling="mean")
     await client.submit(["c"], keys=["k"])
-    first, second, plain = (decode_request(value) for value, _, _ in recorder.sent)
+    first, second, plain = (embed_request(value) for value, _, _ in recorder.sent)
     assert (first.chunking, first.chunk_pooling) == (Chunking(64, 8), "none")
     assert (second.chunking, second.chunk_pooling) == (Chunking(32), "mean")
     assert (plain.chunking, plain.chunk_pooling) == (None, "none")

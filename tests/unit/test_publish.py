@@ -24,7 +24,6 @@ from schemas import (
     ErrorCode,
     ErrorInfo,
     ErrorResult,
-    decode_request,
     decode_result,
     encode_result,
 )
@@ -38,6 +37,7 @@ from schemas.headers import (
     DLQ_TOPIC,
     dead_letter_headers,
 )
+from tests.conftest import embed_request
 from worker.publish import (
     encode_error,
     encode_rows,
@@ -147,7 +147,7 @@ def test_meta_is_copied_into_the_result_byte_for_byte() -> None:
     wrote it: float32 values stay float32, integers keep their width."""
     data = _float32_meta_request()
     packed_meta = data[data.index(b"\xa4meta") + 5 :]
-    request = decode_request(data)
+    request = embed_request(data)
     assert request.meta == {"score": pytest.approx(0.1), "docs": [{"weight": 0.5}], "count": 7}
     vectors = encode_vectors(request, raw_vectors()[:1], [3], "minilm", max_bytes=10_000)
     assert vectors.endswith(b"\xa4meta" + packed_meta)
@@ -158,7 +158,7 @@ def test_meta_is_copied_into_the_result_byte_for_byte() -> None:
 
 def test_changed_meta_is_encoded_from_its_contents() -> None:
     """A decoded meta that was changed afterwards is written as it now is, not as read."""
-    request = decode_request(_float32_meta_request())
+    request = embed_request(_float32_meta_request())
     assert request.meta is not None
     request.meta["score"] = 2.0
     result = decode_result(
