@@ -40,7 +40,7 @@ def build_cross_encoder(
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(seed)
-    config = BertConfig(
+    config = BertConfig(  # type: ignore[call-arg]  # num_labels: a PretrainedConfig kwarg
         vocab_size=30522,
         hidden_size=64,
         num_hidden_layers=layers,
@@ -51,7 +51,8 @@ def build_cross_encoder(
         num_labels=num_labels,
         initializer_range=0.2,
     )
-    model = BertForSequenceClassification(config).eval()
+    model = BertForSequenceClassification(config)
+    model.eval()  # type: ignore[no-untyped-call]
     # Random init gives a classifier near zero; widen it so scores spread over the sigmoid.
     with torch.no_grad():
         model.classifier.weight.mul_(0.5)
