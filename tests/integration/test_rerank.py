@@ -364,3 +364,25 @@ def test_info_and_the_log_say_which_kind_each_model_is(rerank_worker: WorkerProc
         event["model"] for event in rerank_worker.events() if event.get("event") == "tuning.skipped"
     }
     assert skipped == {"ce", "ce-tanh"}
+
+
+async def test_the_benchmark_paths_agree_at_tiny_size(
+    kafka: LocalKafka, rerank_worker: WorkerProcess, rerankers: dict[str, Path]
+) -> None:
+    """`python -m loadtest.rerank`'s two measurements, on this module's worker and model at
+    tiny size: every request answered, and the same raw scores in-process and via Kafka.
+    Figures are never asserted."""
+    from loadtest.rerank import in_process, through_kafka, workload
+
+    work = workload(2, 5, 20)
+    seconds, tokens, local = in_process(rerankers["ce"], work, "float32")
+    assert seconds > 0
+    assert tokens > 0
+    _, kafka_tokens, remote, errors = await through_kafka(
+        kafka.bootstrap_servers, work, topic=RERANK_TOPIC, reply_topic=RESULTS
+    )
+    assert errors == 0
+    assert kafka_tokens == tokens
+    assert sorted(remote) == [0, 1]
+    for index, scores in remote.items():
+        assert np.abs(scores - local[index]).max() < 1e-4
