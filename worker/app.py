@@ -71,7 +71,13 @@ def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozen
     model_dir = resolve_model_dir(settings.model)
     probe = TextTokenizer.from_model_dir(model_dir, 512)
     device = resolve_device(settings.device)
-    if settings.quantization == "none":
+    kind = model_kind(settings, model_dir)
+    if kind == RERANK:
+        # Nothing tunes a reranker (worker.tuning): it serves as configured, auto = fp32
+        # (exact), compiled only when asked for.
+        dtype = initial_candidate(settings.dtype, device.type).dtype
+        compile = settings.torch_compile == "on" and settings.quantization == "none"
+    elif settings.quantization == "none":
         # The safe variant; tune_model measures the others (and compiles) later.
         dtype, compile = initial_candidate(settings.dtype, device.type).dtype, False
     else:  # quantized: nothing to tune (bitsandbytes' kernels do not compile)
@@ -86,7 +92,7 @@ def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozen
         "quantization": settings.quantization,
     }
     encoder: TorchEncoder
-    if model_kind(settings, model_dir) == RERANK:
+    if kind == RERANK:
         from worker.encoder.cross_encoder import TorchCrossEncoder
 
         encoder = TorchCrossEncoder(model_dir, settings.served_name(), **options)

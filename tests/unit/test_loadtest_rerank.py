@@ -39,7 +39,12 @@ def test_the_report_names_both_paths_and_the_ratio() -> None:
         "dtype": "float32",
         "model": "m",
         "when": "now",
-        "inprocess": {"seconds": 2.0, "tokens": 14000, "pairs_per_s": 100.0},
+        "inprocess": {
+            "seconds": 2.0,
+            "tokens": 14000,
+            "pairs_per_s": 100.0,
+            "pairs_per_s_runs": [90.0, 100.0],
+        },
         "kafka": {
             "seconds": 2.5,
             "pairs_per_s": 80.0,
@@ -50,5 +55,6 @@ def test_the_report_names_both_paths_and_the_ratio() -> None:
     }
     text = markdown(report, "python -m loadtest.rerank")
     assert "**0.80x**" in text
-    assert "| in-process (tokenizer, batcher, encoder) | 2.00 | 100 |" in text
+    assert "| in-process (tokenizer, batcher, encoder), faster of two runs | 2.00 | 100 |" in text
+    assert "90, 100 pairs/s" in text
     assert "70 tokens per pair" in text
