@@ -18,9 +18,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from schemas import EmbedRequest, ErrorCode, ErrorInfo, Request, RerankRequest, RerankResult
-from schemas import encode_result as encode_any
-from worker.publish import encode_error
+from schemas import (
+    EmbedRequest,
+    ErrorCode,
+    ErrorInfo,
+    Request,
+    RerankRequest,
+    RerankResult,
+    encode_result,
+)
+from worker.publish import within_limit
 
 __all__ = [
     "ACTIVATIONS",
@@ -32,7 +39,9 @@ __all__ = [
     "encode_scores",
     "input_count",
     "order_by_score",
+    "parse_activation",
     "read_activation",
+    "request_keys",
     "request_kind",
     "wrong_kind",
 ]
@@ -141,15 +150,14 @@ def encode_scores(
         requested_ms=requested_ms if requested_ms else None,  # 0: no timestamp known
         meta=request.meta,
     )
-    encoded = encode_any(result)
-    if len(encoded) <= max_bytes:
-        return encoded
-    error = ErrorInfo(
-        ErrorCode.RESULT_TOO_LARGE,
-        f"result of {len(encoded)} bytes exceeds max_result_bytes {max_bytes}; "
+    return within_limit(
+        encode_result(result),
+        max_bytes,
         "send fewer documents per request, or leave return_documents off",
+        request.id,
+        None,
+        request.meta,
     )
-    return encode_error(request.id, error, None, request.meta)
 
 
 def request_keys(request: Request) -> tuple[str | int, ...] | None:
