@@ -79,7 +79,9 @@ class TextTokenizer:
         truncation=True)`` with that ``truncation_side``, as sentence-transformers'
         CrossEncoder tokenizes."""
         tokenizer = self._tokenizers[direction or self.direction]
-        encodings = tokenizer.encode_batch_fast(list(pairs), add_special_tokens=True)
+        # Not encode_batch_fast: without a post-processor (a pair template) it gives the
+        # second text type 0, where encode_batch (and so Hugging Face) gives it type 1.
+        encodings = tokenizer.encode_batch(list(pairs), add_special_tokens=True)
         return [
             # Templates give the first text's tokens type 0 and the second's type 1 (models
             # with one token type: all 0, so the first segment is the whole pair).

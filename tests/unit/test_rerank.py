@@ -244,6 +244,21 @@ def test_pairs_tokenize_as_hugging_face_tokenizer_does(cross_encoder_dir: Path, 
     assert not all(truncated)
 
 
+def test_pairs_without_a_template_give_the_second_text_type_one() -> None:
+    """A tokenizer with no pair template (no post-processor): the document's tokens still
+    get type 1, as Hugging Face's tokenizer(query, document) gives them."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    raw = Tokenizer(WordLevel({"[UNK]": 0, "a": 1, "b": 2, "c": 3}, unk_token="[UNK]"))
+    raw.pre_tokenizer = WhitespaceSplit()
+    (piece,) = TextTokenizer(raw, max_length=16).encode_pairs([("a b", "c c c")])
+    assert piece.ids == [1, 2, 3, 3, 3]
+    assert piece.segment == 2
+    assert raw.encode("a b", "c c c").type_ids == [0, 0, 1, 1, 1]
+
+
 # ---------------------------------------------------------------------- encoder
 
 
