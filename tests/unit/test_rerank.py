@@ -304,3 +304,15 @@ def test_an_unsupported_activation_in_the_config_is_a_load_error(tmp_path: Path)
     )
     with pytest.raises(ValueError, match=r"torch\.nn\.modules\.activation\.Softmax"):
         read_activation(model)
+
+
+def test_kembed_validate_skips_a_reranker(
+    cross_encoder_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The STS-B gate judges embedding models: a reranker is skipped with a message, not
+    judged by the cosines of its encoder's vectors."""
+    from kembed_cli.main import main
+
+    status = main(["validate", "--model", str(cross_encoder_dir), "--limit", "10"])
+    assert status == 0
+    assert "is a reranker (kind rerank)" in capsys.readouterr().err
