@@ -31,6 +31,7 @@ __all__ = [
     "finish",
     "quantize_int8",
     "result_headers",
+    "within_limit",
 ]
 
 INT8_MAX = 127
@@ -115,15 +116,33 @@ def encode_vectors(
         chunks=chunked.chunks if chunked else None,
         spans=chunked.spans if chunked else None,
     )
-    encoded = encode_result(result)
+    return within_limit(
+        encode_result(result),
+        max_bytes,
+        "send fewer inputs per request, ask for fewer dimensions or a smaller encoding",
+        request.id,
+        request.keys,
+        request.meta,
+    )
+
+
+def within_limit(
+    encoded: bytes,
+    max_bytes: int,
+    advice: str,
+    request_id: str,
+    keys: tuple[str | int, ...] | None,
+    meta: dict[str, object] | None,
+) -> bytes:
+    """``encoded`` (a result), or a ``result_too_large`` error in its place when it exceeds
+    ``max_bytes`` (``advice``: what the caller can do about it)."""
     if len(encoded) <= max_bytes:
         return encoded
     error = ErrorInfo(
         ErrorCode.RESULT_TOO_LARGE,
-        f"result of {len(encoded)} bytes exceeds max_result_bytes {max_bytes}; "
-        "send fewer inputs per request, ask for fewer dimensions or a smaller encoding",
+        f"result of {len(encoded)} bytes exceeds max_result_bytes {max_bytes}; {advice}",
     )
-    return encode_error(request.id, error, request.keys, request.meta)
+    return encode_error(request_id, error, keys, meta)
 
 
 def encode_error(

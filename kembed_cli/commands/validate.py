@@ -62,6 +62,13 @@ def run(args: argparse.Namespace) -> int:
     passed = True
     specs = settings.model_specs()
     for spec in specs:  # KEMBED_MODELS: each model as its worker would serve it
+        if _is_reranker(settings.for_model(spec)):
+            print(
+                f"kembed validate: {spec.served_name()} is a reranker (kind rerank); the "
+                "STS-B gate judges embedding models only: skipped",
+                file=sys.stderr,
+            )
+            continue
         report = validate(settings.for_model(spec), pairs, thresholds)
         report.pairs_source = str(path)
         passed = passed and report.passed
@@ -73,6 +80,16 @@ def run(args: argparse.Namespace) -> int:
                 print(tuning_table(name, report.tuning))
             print(f"{name}: {report.summary()}" if len(specs) > 1 else report.summary())
     return 0 if passed else 1
+
+
+def _is_reranker(settings: Any) -> bool:
+    """Whether a single-model ``settings`` serves a cross-encoder (worker.rerank)."""
+    from worker.encoder.models import resolve_model_dir
+    from worker.rerank import RERANK, detect_kind
+
+    if settings.model_kind != "auto":
+        return bool(settings.model_kind == RERANK)
+    return detect_kind(resolve_model_dir(settings.model)) == RERANK
 
 
 def tuning_table(name: str, tuning: dict[str, Any]) -> str:
