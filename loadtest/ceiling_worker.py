@@ -45,8 +45,10 @@ class FixedEncoder:
         row = np.arange(1, info.dim + 1, dtype=np.float32)
         self._rows = np.tile(row / np.linalg.norm(row), (1, 1))
 
-    def prepare(self, batch: Sequence[Sequence[int]]) -> Prepared:
-        return Prepared.pad(batch, self._pad_id)
+    def prepare(
+        self, batch: Sequence[Sequence[int]], segments: Sequence[int] | None = None
+    ) -> Prepared:
+        return Prepared.pad(batch, self._pad_id, segments)
 
     def run(self, prepared: Prepared) -> npt.NDArray[np.float32]:
         rows = prepared.rows

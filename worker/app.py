@@ -36,6 +36,7 @@ from worker.encoder import Encoder, ModelInfo
 from worker.metrics import Metrics
 from worker.pipeline import Pipeline, ServedModel
 from worker.quality import GateThresholds, QualityReport, gate_pairs_path, load_pairs, validate
+from worker.rerank import EMBED, RERANK, detect_kind
 from worker.settings import ModelSpec, WorkerSettings
 from worker.tokenization import TextTokenizer
 from worker.tuning import Tuner, start_tuning
@@ -75,23 +76,43 @@ def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozen
         dtype, compile = initial_candidate(settings.dtype, device.type).dtype, False
     else:  # quantized: nothing to tune (bitsandbytes' kernels do not compile)
         dtype, compile = settings.dtype, resolve_compile(settings.torch_compile, device)
-    encoder = TorchEncoder(
-        model_dir,
-        settings.served_name(),
-        device=settings.device,
-        dtype=dtype,
-        max_seq_length=settings.max_seq_length,
-        pad_id=probe.pad_id,
-        threads=settings.torch_threads,
-        compile=compile,
-        quantization=settings.quantization,
-        pooling=settings.pooling,
-    )
+    options: dict[str, Any] = {
+        "device": settings.device,
+        "dtype": dtype,
+        "max_seq_length": settings.max_seq_length,
+        "pad_id": probe.pad_id,
+        "threads": settings.torch_threads,
+        "compile": compile,
+        "quantization": settings.quantization,
+    }
+    encoder: TorchEncoder
+    if model_kind(settings, model_dir) == RERANK:
+        from worker.encoder.cross_encoder import TorchCrossEncoder
+
+        encoder = TorchCrossEncoder(model_dir, settings.served_name(), **options)
+    else:
+        encoder = TorchEncoder(
+            model_dir, settings.served_name(), pooling=settings.pooling, **options
+        )
     tokenizer = TextTokenizer.from_model_dir(
         model_dir, encoder.info.max_seq_length, settings.truncation_direction
     )
     names = frozenset({settings.served_name(), settings.model, *aliases_for(settings.model)})
     return encoder, tokenizer, names
+
+
+def model_kind(settings: WorkerSettings, model_dir: Path) -> str:
+    """The kind of model a single-model ``settings`` serves from ``model_dir``: its
+    ``model_kind``, or (``auto``) what the model's config says (worker.rerank)."""
+    detected = detect_kind(model_dir)
+    if settings.model_kind == "auto":
+        return detected
+    if settings.model_kind == RERANK and detected != RERANK:
+        raise ValueError(
+            f"{model_dir} is configured as a reranker (kind rerank) but is no sequence "
+            "classifier: its config.json names no ...ForSequenceClassification architecture"
+        )
+    return settings.model_kind
 
 
 def load_served_model(settings: WorkerSettings, spec: ModelSpec) -> ServedModel:
@@ -106,6 +127,7 @@ def load_served_model(settings: WorkerSettings, spec: ModelSpec) -> ServedModel:
         raise ValueError(f"default_prompt_name {default!r} is not one of the model's prompts")
     name = spec.served_name()
     requests_topic, bulk_topic = settings.topics_of(spec)
+    activation = getattr(encoder, "activation", None)
     return ServedModel(
         name=name,
         encoder=encoder,
@@ -115,6 +137,8 @@ def load_served_model(settings: WorkerSettings, spec: ModelSpec) -> ServedModel:
         default_prompt_name=default,
         requests_topic=requests_topic,
         bulk_topic=bulk_topic,
+        kind=RERANK if activation is not None else EMBED,
+        activation=activation or "sigmoid",
     )
 
 
@@ -274,6 +298,9 @@ async def _load_and_run(
     if settings.quality_gate:
         probes.phase = "validating"
         for spec, model in zip(settings.model_specs(), models, strict=True):
+            if model.kind != EMBED:  # STS-B cosines say nothing of a reranker's scores
+                log.info("quality_gate.skipped", model=model.name, kind=model.kind)
+                continue
             # The variant served now; the tuner gates a variant before installing it.
             served = model.encoder.info
             gated = settings.for_model(spec).model_copy(
@@ -402,6 +429,7 @@ def _log_loaded(model: ServedModel, load_s: float, warmup_s: float) -> None:
     log.info(
         "model.loaded",
         model=info.name,
+        kind=model.kind,
         dim=info.dim,
         dtype=info.dtype,
         device=info.device,

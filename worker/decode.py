@@ -18,9 +18,18 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from kembed_shared.ports import Record
-from schemas import EmbedRequest, ErrorCode, ErrorInfo, RerankRequest, SchemaError, decode_request
+from schemas import (
+    EmbedRequest,
+    ErrorCode,
+    ErrorInfo,
+    Request,
+    RerankRequest,
+    SchemaError,
+    decode_request,
+)
 from schemas.errors import Envelope
 from schemas.headers import envelope_from_headers, fill_from_headers
+from worker.rerank import EMBED, input_count, request_keys, request_kind, wrong_kind
 
 __all__ = ["Accepted", "DeadLetter", "Limits", "ModelLimits", "Rejected", "decode_record"]
 
@@ -35,6 +44,9 @@ class ModelLimits:
     prompt_names: Collection[str] = ()
     max_seq_length: int | None = None
     """Its longest input in tokens (the limit of ``chunking.max_tokens``); None: unchecked."""
+    kind: str = EMBED
+    """``embed`` (an embedding model) or ``rerank`` (a cross-encoder): the requests it
+    answers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +72,7 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    request: EmbedRequest
+    request: Request
     model: str
     """The served name of the model that computes it."""
 
@@ -101,11 +113,6 @@ def decode_record(record: Record, limits: Limits, now_ms: int) -> Decoded:
         request = decode_request(record.value)
     except SchemaError as exc:
         return _answer(exc, headers, limits)
-    if isinstance(request, RerankRequest):  # not served yet
-        error = SchemaError(ErrorCode.INVALID_REQUEST, "this worker serves no reranker")
-        return _answer(
-            error.with_envelope(Envelope(request.id, request.reply_to, None)), headers, limits
-        )
     body = Envelope(request.id, request.reply_to, request.reply_partition)
     routing = fill_from_headers(body, headers)
     if routing != body:
@@ -122,7 +129,7 @@ def decode_record(record: Record, limits: Limits, now_ms: int) -> Decoded:
             request.reply_to,
             request.reply_partition,
             problem or _unknown_model(limits),
-            request.keys,
+            request_keys(request),
             request.meta,
         )
     return Accepted(request, model.name)
@@ -143,18 +150,27 @@ def _unknown_model(limits: Limits) -> ErrorInfo:
 
 
 def _check(
-    request: EmbedRequest, limits: Limits, model: ModelLimits | None, now_ms: int
+    request: Request, limits: Limits, model: ModelLimits | None, now_ms: int
 ) -> ErrorInfo | None:
-    if len(request.inputs) > limits.max_client_batch_size:
+    count = input_count(request)
+    if count > limits.max_client_batch_size:
+        what = "documents" if isinstance(request, RerankRequest) else "inputs"
         return ErrorInfo(
             ErrorCode.TOO_MANY_INPUTS,
-            f"{len(request.inputs)} inputs exceed max_client_batch_size "
-            f"{limits.max_client_batch_size}",
+            f"{count} {what} exceed max_client_batch_size {limits.max_client_batch_size}",
         )
     if request.deadline_ms is not None and request.deadline_ms <= now_ms:
         return ErrorInfo(ErrorCode.DEADLINE_EXCEEDED, "deadline passed before computation")
     if model is None:
         return _unknown_model(limits)
+    if request_kind(request) != model.kind:
+        return wrong_kind(model.name, model.kind)
+    if isinstance(request, RerankRequest):
+        return None
+    return _check_embed(request, model)
+
+
+def _check_embed(request: EmbedRequest, model: ModelLimits) -> ErrorInfo | None:
     if request.dimensions is not None and request.dimensions > model.dim:
         return ErrorInfo(
             ErrorCode.INVALID_REQUEST, f"'dimensions' must be <= the model's {model.dim}"

@@ -35,7 +35,7 @@ import numpy.typing as npt
 import structlog
 
 from kembed_shared.ports import Publisher, Record, Source, TopicPartition, TransactionalPublisher
-from schemas import EmbedRequest, ErrorCode, ErrorInfo
+from schemas import EmbedRequest, ErrorCode, ErrorInfo, Request, RerankRequest
 from schemas.catalog import ModelDescription
 from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler, TokenBudget
 from worker.cache import CacheNote, Hit, VectorCache, token_count
@@ -47,6 +47,7 @@ from worker.metrics import Metrics
 from worker.offsets import OffsetTracker
 from worker.publish import encode_error, encode_vectors
 from worker.replies import ReplyTo
+from worker.rerank import EMBED, RERANK, encode_scores, input_count, request_keys
 from worker.settings import WorkerSettings
 from worker.tokenization import TextTokenizer, Tokenized
 
@@ -81,6 +82,12 @@ class ServedModel:
     bulk_topic: str = ""
     """Its request topics ("": none). Of requests that name no model, it answers those of
     the topics it is the first model of (the first model answers any other topic's)."""
+    kind: str = EMBED
+    """``embed``: an embedding model (embed requests); ``rerank``: a cross-encoder, whose
+    encoder returns one logit per (query, document) pair (rerank requests)."""
+    activation: str = "sigmoid"
+    """A reranker's activation (``worker.rerank.ACTIVATIONS``), applied to its logits
+    unless a request asks for raw scores."""
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -104,6 +111,7 @@ class ServedModel:
             default_prompt_name=self.default_prompt_name or None,
             requests_topic=self.requests_topic,
             bulk_topic=self.bulk_topic or None,
+            kind=self.kind,
         )
 
     def prompt_for(self, request: EmbedRequest) -> str:
@@ -120,7 +128,7 @@ class Job:
     """A request whose inputs are being encoded; published when ``remaining`` reaches 0."""
 
     record: Record
-    request: EmbedRequest
+    request: Request
     lane: str
     model: ServedModel
     vectors: npt.NDArray[np.float32]
@@ -129,6 +137,8 @@ class Job:
     settled: bool = field(default=False)
     cache_notes: list[CacheNote] = field(default_factory=list)
     """Per input, how the vector cache files it once encoded (empty: cache off)."""
+    segments: list[int] | None = None
+    """A rerank job's pairs: per pair, its first segment's length (token types)."""
 
 
 @dataclass(slots=True)
@@ -341,7 +351,7 @@ class Pipeline:
             if not accepted[lane]:
                 continue
             # Inputs count as in flight from here, so backpressure sees them at once.
-            self._inflight[lane] += sum(len(request.inputs) for _, request, _ in accepted[lane])
+            self._inflight[lane] += sum(input_count(request) for _, request, _ in accepted[lane])
             self._apply_backpressure(lane)
             if lane == INTERACTIVE:
                 await self._tokenize(lane, accepted[lane])
@@ -355,7 +365,9 @@ class Pipeline:
     async def _tokenize(self, lane: str, accepted: list[_Admitted]) -> None:
         """Tokenize ``accepted`` (in one call per model and truncation side) and queue the
         inputs for batching, in the order the requests came."""
-        if any(request.chunking for _, request, _ in accepted):
+        if any(
+            isinstance(request, EmbedRequest) and request.chunking for _, request, _ in accepted
+        ):
             accepted = await self._expand(lane, accepted)
         groups: dict[tuple[str, str | None], list[int]] = {}
         for position, (_, request, model) in enumerate(accepted):
@@ -364,9 +376,30 @@ class Pipeline:
         notes: list[list[CacheNote]] = [[] for _ in accepted]
         for (name, direction), positions in groups.items():
             model = self._models[name]
+            requests = [accepted[p][1] for p in positions]
+            if model.kind == RERANK:  # (query, document) pairs; never cached
+                pairs = [
+                    (request.query, document)
+                    for request in requests
+                    if isinstance(request, RerankRequest)
+                    for document in request.documents
+                ]
+                encode_pairs = partial(model.tokenizer.encode_pairs, pairs, direction)
+                if sum(len(q) + len(d) for q, d in pairs) <= _INLINE_TOKENIZE_CHARS:
+                    scored: list[Tokenized | Hit] = list(encode_pairs())
+                else:
+                    loop = asyncio.get_running_loop()
+                    scored = list(await loop.run_in_executor(self._tokenize_thread, encode_pairs))
+                start = 0
+                for position, request in zip(positions, requests, strict=True):
+                    count = input_count(request)
+                    tokenized[position] = scored[start : start + count]
+                    start += count
+                continue
             texts = [
                 model.prompt_for(request) + text
-                for request in (accepted[p][1] for p in positions)
+                for request in requests
+                if isinstance(request, EmbedRequest)
                 for text in request.inputs
             ]
             # Cached texts skip the tokenizer and the encoder.
@@ -383,7 +416,7 @@ class Pipeline:
             pieces, filed = lookup.complete(misses)
             start = 0
             for position in positions:
-                count = len(accepted[position][1].inputs)
+                count = input_count(accepted[position][1])
                 tokenized[position] = pieces[start : start + count]
                 notes[position] = filed[start : start + count]
                 start += count
@@ -395,9 +428,14 @@ class Pipeline:
     async def _expand(self, lane: str, accepted: list[_Admitted]) -> list[_Admitted]:
         """Chunked requests become requests for their chunk texts (worker.chunking), each
         chunk an input in flight; those that cannot be chunked are answered."""
-        chunked = [p for p, (_, request, _) in enumerate(accepted) if request.chunking]
+        chunked = [
+            p
+            for p, (_, request, _) in enumerate(accepted)
+            if isinstance(request, EmbedRequest) and request.chunking
+        ]
         work = []
         for _, request, model in (accepted[p] for p in chunked):
+            assert isinstance(request, EmbedRequest)
             if model.name not in self._chunkers:
                 tokenizer = model.tokenizer
                 self._chunkers[model.name] = Chunker(tokenizer.tokenizer, tokenizer.max_length)
@@ -415,10 +453,10 @@ class Pipeline:
             record, request, model = accepted[position]
             if isinstance(outcome, ErrorInfo):
                 rejection = _rejection(request, outcome)
-                self._reject(record, rejection, reserved=len(request.inputs), model=model.name)
+                self._reject(record, rejection, reserved=input_count(request), model=model.name)
                 kept[position] = None
             else:
-                self._inflight[lane] += len(outcome.inputs) - len(request.inputs)
+                self._inflight[lane] += len(outcome.inputs) - input_count(request)
                 kept[position] = (record, outcome, model)
         self._apply_backpressure(lane)
         return [admitted for admitted in kept if admitted is not None]
@@ -427,7 +465,7 @@ class Pipeline:
         self,
         lane: str,
         record: Record,
-        request: EmbedRequest,
+        request: Request,
         model: ServedModel,
         pieces: list[Tokenized | Hit],
         now: float,
@@ -437,9 +475,10 @@ class Pipeline:
             too_long = next((i for i, piece in enumerate(pieces) if piece.truncated), None)
             if too_long is not None:
                 limit = model.tokenizer.max_length
+                what = "(query, document) pair" if model.kind == RERANK else "input"
                 error = ErrorInfo(
                     ErrorCode.INPUT_TOO_LONG,
-                    f"input exceeds the model's maximum of {limit} tokens",
+                    f"{what} exceeds the model's maximum of {limit} tokens",
                     too_long,
                 )
                 rejection = _rejection(request, error)
@@ -458,6 +497,8 @@ class Pipeline:
             remaining=count,
             cache_notes=notes,
         )
+        if model.kind == RERANK:
+            job.segments = [piece.segment or 0 for piece in pieces if isinstance(piece, Tokenized)]
         for index, piece in enumerate(pieces):
             if isinstance(piece, Hit):
                 job.vectors[index] = piece.vector
@@ -607,7 +648,10 @@ class Pipeline:
         return None
 
     def _prepare(self, model: ServedModel, items: list[Item[Job]]) -> Prepared:
-        return model.encoder.prepare([item.ids for item in items])
+        ids = [item.ids for item in items]
+        if model.kind != RERANK:
+            return model.encoder.prepare(ids)
+        return model.encoder.prepare(ids, [_segment(item) for item in items])
 
     def _finish(self, batch: _Batch, future: asyncio.Future[npt.NDArray[np.float32]]) -> None:
         if self._running_since == batch.started:
@@ -696,7 +740,9 @@ class Pipeline:
                 offset=record.offset,
             )
             message = "inference failed" + (" (out of memory)" if oom else "")
-            index = input_index(job.request, item.index)  # a chunk's: its input's
+            index = item.index
+            if isinstance(job.request, EmbedRequest):  # a chunk's: its input's
+                index = input_index(job.request, item.index)
             self._settle(job, ErrorInfo(ErrorCode.INTERNAL, message, index))
             return
         # Inputs of requests answered meanwhile need no retry. Halves in length order: out
@@ -729,7 +775,19 @@ class Pipeline:
             return
         job.settled = True
         request = job.request
-        if error is None:
+        if error is not None:
+            value = encode_error(request.id, error, request_keys(request), request.meta)
+        elif isinstance(request, RerankRequest):
+            value = encode_scores(
+                request,
+                job.vectors,
+                job.tokens,
+                job.model.name,
+                job.model.activation,
+                self._settings.max_result_bytes,
+                requested_ms=job.record.timestamp_ms,
+            )
+        else:
             value = encode_vectors(
                 request,
                 job.vectors,
@@ -738,8 +796,6 @@ class Pipeline:
                 self._settings.max_result_bytes,
                 requested_ms=job.record.timestamp_ms,
             )
-        else:
-            value = encode_error(request.id, error, request.keys, request.meta)
         reply = ReplyTo(request.id, request.reply_to, request.reply_partition)
         outcome = "ok" if error is None else str(error.code)
         tokens = sum(job.tokens)
@@ -849,7 +905,7 @@ class Pipeline:
         return waiting * self._tokens_per_request[lane] + self._inflight_tokens[lane]
 
 
-_Admitted = tuple[Record, EmbedRequest, ServedModel]
+_Admitted = tuple[Record, Request, ServedModel]
 
 
 def _run(batch: _Batch) -> npt.NDArray[np.float32]:
@@ -868,7 +924,9 @@ def _limits(models: Sequence[ServedModel], settings: WorkerSettings) -> Limits:
     topics: dict[str, str] = {}
     for model in models:
         info = model.encoder.info
-        limits = ModelLimits(model.name, info.dim, frozenset(model.prompts), info.max_seq_length)
+        limits = ModelLimits(
+            model.name, info.dim, frozenset(model.prompts), info.max_seq_length, model.kind
+        )
         for name in (model.name, *sorted(model.aliases)):
             names.setdefault(name, limits)
         for topic in model.topics:
@@ -882,10 +940,20 @@ def _limits(models: Sequence[ServedModel], settings: WorkerSettings) -> Limits:
     )
 
 
-def _rejection(request: EmbedRequest, error: ErrorInfo) -> Rejected:
+def _rejection(request: Request, error: ErrorInfo) -> Rejected:
     return Rejected(
-        request.id, request.reply_to, request.reply_partition, error, request.keys, request.meta
+        request.id,
+        request.reply_to,
+        request.reply_partition,
+        error,
+        request_keys(request),
+        request.meta,
     )
+
+
+def _segment(item: Item[Job]) -> int:
+    segments = item.job.segments
+    return segments[item.index] if segments else len(item.ids)
 
 
 def _chunks(accepted: list[_Admitted], max_texts: int) -> Iterator[list[_Admitted]]:
@@ -894,7 +962,7 @@ def _chunks(accepted: list[_Admitted], max_texts: int) -> Iterator[list[_Admitte
     texts = 0
     for pair in accepted:
         chunk.append(pair)
-        texts += len(pair[1].inputs)
+        texts += input_count(pair[1])
         if texts >= max_texts:
             yield chunk
             chunk, texts = [], 0

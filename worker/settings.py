@@ -39,6 +39,7 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["none", "int8", "nf4"]
 Pooling = Literal["auto", "mean", "cls", "max", "lasttoken", "mean_sqrt_len"]
 TruncationDirection = Literal["right", "left"]
+ModelKind = Literal["auto", "embed", "rerank"]
 
 
 class ModelSpec(BaseModel):
@@ -62,6 +63,7 @@ class ModelSpec(BaseModel):
     default_prompt_name: str | None = None
     requests_topic: str | None = None
     bulk_topic: str | None = None
+    kind: ModelKind | None = None
 
     def served_name(self) -> str:
         return self.name or self.model
@@ -219,11 +221,20 @@ class WorkerSettings(KafkaClientSettings):
         description="Prompt applied to requests that name none (neither prompt nor "
         "prompt_name). Unset: the model's own default, usually none.",
     )
+    model_kind: ModelKind = Field(
+        "auto",
+        description="What the model computes: embed (vectors: an embedding model), rerank "
+        "(a relevance score per (query, document) pair: a one-label cross-encoder in "
+        "sentence-transformers' CrossEncoder layout) or auto (rerank when the model's "
+        "config.json names a ...ForSequenceClassification architecture, else embed). A "
+        "model answers requests of its own kind only.",
+    )
     models: tuple[ModelSpec, ...] = Field(
         (),
         description="Several models in one worker, as a JSON list of objects with the keys "
         "model (required), name, aliases, dtype, quantization, max_seq_length, pooling, "
-        "truncation_direction, prompts, default_prompt_name, requests_topic, bulk_topic (a "
+        "truncation_direction, prompts, default_prompt_name, requests_topic, bulk_topic, "
+        "kind (auto, embed or rerank: see model_kind) (a "
         "model with its own requests_topic T has bulk topic T.bulk unless given); each "
         "gets its own batcher, and requests pick one by name or alias. Unset keys take the "
         "worker-wide setting. When set, the single-model settings above (model, model_name, "
@@ -469,6 +480,7 @@ class WorkerSettings(KafkaClientSettings):
                 truncation_direction=self.truncation_direction,
                 prompts=self.prompts,
                 default_prompt_name=self.default_prompt_name,
+                kind=self.model_kind,
             ),
         )
 
@@ -486,6 +498,7 @@ class WorkerSettings(KafkaClientSettings):
                 "truncation_direction": spec.truncation_direction,
                 "prompts": spec.prompts,
                 "default_prompt_name": spec.default_prompt_name,
+                "model_kind": spec.kind or self.model_kind,
             }
         )
 

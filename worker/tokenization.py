@@ -23,6 +23,9 @@ class Tokenized:
     ids: list[int]
     truncated: bool
     """True when the text was longer than the model's maximum and was cut."""
+    segment: int | None = None
+    """A pair's first-segment length (the query with its special tokens): the tokens after
+    it have type id 1. None for a single text."""
 
 
 class TextTokenizer:
@@ -65,3 +68,21 @@ class TextTokenizer:
         # CPU per text, the same ids and the same overflow.
         encodings = tokenizer.encode_batch_fast(list(texts), add_special_tokens=True)
         return [Tokenized(enc.ids, bool(enc.overflowing)) for enc in encodings]
+
+    def encode_pairs(
+        self, pairs: Sequence[tuple[str, str]], direction: str | None = None
+    ) -> list[Tokenized]:
+        """(query, document) pairs tokenized as pairs (a cross-encoder's input), with the
+        special tokens of the model's pair template. An over-long pair is cut longest-first
+        (a token at a time off whichever text is longer) at ``direction``'s end of each
+        text: the ids and type ids of Hugging Face's ``tokenizer(query, document,
+        truncation=True)`` with that ``truncation_side``, as sentence-transformers'
+        CrossEncoder tokenizes."""
+        tokenizer = self._tokenizers[direction or self.direction]
+        encodings = tokenizer.encode_batch_fast(list(pairs), add_special_tokens=True)
+        return [
+            # Templates give the first text's tokens type 0 and the second's type 1 (models
+            # with one token type: all 0, so the first segment is the whole pair).
+            Tokenized(enc.ids, bool(enc.overflowing), len(enc.ids) - sum(enc.type_ids))
+            for enc in encodings
+        ]

@@ -127,7 +127,12 @@ def start_tuning(
     todo = []
     for model, spec in zip(models, settings.model_specs(), strict=True):
         model_settings = settings.for_model(spec)
-        if tuning_options(model_settings, model.encoder):
+        if model.kind != "embed":
+            # The tuner compares candidates' vectors by cosine to the served variant's; a
+            # reranker's one logit per pair has no such check, so it serves as configured.
+            log.info("tuning.skipped", model=model.name, kind=model.kind)
+            _set_phase(metrics, model.name, "compiled" if model.encoder.info.compiled else "eager")
+        elif tuning_options(model_settings, model.encoder):
             tunings[model.name] = TuningResult("tuning")
             _set_phase(metrics, model.name, "tuning")
             todo.append((model, model_settings))

@@ -80,7 +80,9 @@ class FakeEncoder:
         self.info = ModelInfo("fake", Path("fake"), DIM, MAX_SEQ, "mean", "float32", "cpu")
         self.calls: list[tuple[list[tuple[int, ...]], bool]] = []
 
-    def prepare(self, batch: Sequence[Sequence[int]]) -> Prepared:
+    def prepare(
+        self, batch: Sequence[Sequence[int]], segments: Sequence[int] | None = None
+    ) -> Prepared:
         longest = max(len(ids) for ids in batch)
         ids = np.zeros((len(batch), longest), dtype=np.int64)
         mask = np.zeros((len(batch), longest), dtype=np.int64)

@@ -84,6 +84,7 @@ def test_model_alias_and_full_dimensions_are_accepted() -> None:
     """Any served model name is accepted, and dimensions equal to the model's dim is allowed."""
     result = decode(pack(body(model="all-MiniLM-L6-v2", dimensions=384)))
     assert isinstance(result, Accepted)
+    assert isinstance(result.request, EmbedRequest)
     assert result.request.dimensions == 384
 
 

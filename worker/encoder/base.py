@@ -38,10 +38,13 @@ class ModelInfo:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A padded batch, ready for the device: token ids and attention mask, (rows, longest)."""
+    """A padded batch, ready for the device: token ids and attention mask, (rows, longest),
+    and for pairs (a cross-encoder's (query, document)) their token type ids."""
 
     ids: npt.NDArray[np.int64]
     mask: npt.NDArray[np.int64]
+    types: npt.NDArray[np.int64] | None = None
+    """Token type ids (0: first text, 1: second text); None: all 0 (single texts)."""
 
     @property
     def rows(self) -> int:
@@ -52,26 +55,44 @@ class Prepared:
         return int(self.ids.size)
 
     @classmethod
-    def pad(cls, batch: Sequence[Sequence[int]], pad_id: int) -> Prepared:
-        """``batch`` right-padded with ``pad_id`` to its longest sequence, with its mask."""
+    def pad(
+        cls,
+        batch: Sequence[Sequence[int]],
+        pad_id: int,
+        segments: Sequence[int] | None = None,
+    ) -> Prepared:
+        """``batch`` right-padded with ``pad_id`` to its longest sequence, with its mask.
+        ``segments``: per sequence, the length of its first segment (a pair's query part,
+        special tokens included); the tokens after it get type id 1, as a pair's second
+        text (padding keeps type 0)."""
         longest = max(len(ids) for ids in batch)
         ids = np.full((len(batch), longest), pad_id, dtype=np.int64)
         mask = np.zeros((len(batch), longest), dtype=np.int64)
         for row, seq in enumerate(batch):
             ids[row, : len(seq)] = seq
             mask[row, : len(seq)] = 1
-        return cls(ids, mask)
+        if segments is None:
+            return cls(ids, mask)
+        types = np.zeros((len(batch), longest), dtype=np.int64)
+        for row, (seq, first) in enumerate(zip(batch, segments, strict=True)):
+            types[row, first : len(seq)] = 1
+        return cls(ids, mask, types)
 
 
 class Encoder(Protocol):
     info: ModelInfo
 
-    def prepare(self, batch: Sequence[Sequence[int]]) -> Prepared:
-        """Pad a batch into arrays; cheap, called on the event loop while the device works."""
+    def prepare(
+        self, batch: Sequence[Sequence[int]], segments: Sequence[int] | None = None
+    ) -> Prepared:
+        """Pad a batch into arrays; cheap, called on the event loop while the device works.
+        ``segments``: for pairs, each sequence's first-segment length (see
+        :meth:`Prepared.pad`); None for single texts."""
         ...
 
     def run(self, prepared: Prepared) -> npt.NDArray[np.float32]:
-        """Pooled, unnormalized float32 embeddings, one row per prepared sequence.
+        """Pooled, unnormalized float32 embeddings, one row per prepared sequence (a
+        cross-encoder: its logits, one column).
 
         Blocking and not thread-safe: the pipeline calls it from one dedicated thread.
         Raises :class:`EncoderOutOfMemoryError` when the batch does not fit in memory.

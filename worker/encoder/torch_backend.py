@@ -146,18 +146,14 @@ class TorchEncoder:
             log.info("encoder.compile_skipped", reason=f"quantization={quantization}")
             compile = False
         config: Any = getattr(model, "config")  # noqa: B009 (untyped HF attribute)
-        positions = int(getattr(config, "max_position_embeddings", 512))
-        limit = _max_seq_length(model_dir, positions)
-        self._pooling = read_pooling_mode(model_dir) if pooling == "auto" else pooling
-        if self._pooling not in POOLING_MODES:
-            known = ", ".join(POOLING_MODES)
-            raise ValueError(f"unknown pooling {pooling!r}; known: auto, {known}")
+        limit = self._model_limit(config)
+        self._pooling = self._pooling_mode(pooling)
         self._pad_id = pad_id
         self._uses_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
         self.info = ModelInfo(
             name=name,
             path=model_dir,
-            dim=int(config.hidden_size),
+            dim=self._output_dim(config),
             max_seq_length=min(limit, max_seq_length or limit),
             pooling=self._pooling,
             dtype=str(first_dtype).removeprefix("torch."),
@@ -169,6 +165,31 @@ class TorchEncoder:
         self._variant = Variant(first_dtype, model, model, False)
         if compile:
             self.install(self.variant(first_dtype, compiled=True))
+
+    # What a subclass (worker.encoder.cross_encoder) changes: the model class it loads,
+    # what one row of output is, and how long an input may be.
+
+    def _load_module(self, dtype: torch.dtype) -> torch.nn.Module:
+        return _load(self._model_dir, dtype)
+
+    def _model_limit(self, config: Any) -> int:
+        positions = int(getattr(config, "max_position_embeddings", 512))
+        return _max_seq_length(self._model_dir, positions)
+
+    def _pooling_mode(self, pooling: str) -> str:
+        mode = read_pooling_mode(self._model_dir) if pooling == "auto" else pooling
+        if mode not in POOLING_MODES:
+            known = ", ".join(POOLING_MODES)
+            raise ValueError(f"unknown pooling {pooling!r}; known: auto, {known}")
+        return mode
+
+    def _output_dim(self, config: Any) -> int:
+        return int(config.hidden_size)
+
+    def _rows(self, forward: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One output row per sequence: the pooled last hidden state."""
+        hidden = forward(**inputs).last_hidden_state
+        return pool(hidden, inputs["attention_mask"], self._pooling)
 
     @property
     def device(self) -> torch.device:
@@ -185,7 +206,7 @@ class TorchEncoder:
     def module(self, dtype: torch.dtype) -> torch.nn.Module:
         """The eager model with weights in ``dtype`` (loaded once per dtype)."""
         if dtype not in self._modules:
-            model = _load(self._model_dir, dtype)
+            model = self._load_module(dtype)
             if self._quantization != "none":
                 quantize_linear_layers(model, self._quantization, compute_dtype=dtype)
             self._modules[dtype] = model.to(self._device).eval()
@@ -224,11 +245,13 @@ class TorchEncoder:
     def compile_variant(self, variant: Variant, prepared: Prepared) -> None:
         """Compile ``variant`` now (its first call), on the calling thread; raises what the
         compiler raises (no eager fallback: the variant is not being served)."""
-        self._forward_pooled(variant.forward, prepared.ids, prepared.mask)
+        self._forward_pooled(variant.forward, prepared.ids, prepared.mask, prepared.types)
 
-    def prepare(self, batch: Sequence[Sequence[int]]) -> Prepared:
+    def prepare(
+        self, batch: Sequence[Sequence[int]], segments: Sequence[int] | None = None
+    ) -> Prepared:
         """Pad ``batch`` into id and mask arrays (cheap; done while the previous batch runs)."""
-        return Prepared.pad(batch, self._pad_id)
+        return Prepared.pad(batch, self._pad_id, segments)
 
     def run(self, prepared: Prepared) -> npt.NDArray[np.float32]:
         return self.run_variant(self._variant, prepared)
@@ -251,16 +274,17 @@ class TorchEncoder:
     def _run(self, variant: Variant, prepared: Prepared) -> npt.NDArray[np.float32]:
         small = prepared.padded_tokens <= _SINGLE_THREAD_TOKENS
         self._use_threads(1 if small and not self._pinned else self._threads)
-        ids, mask = prepared.ids, prepared.mask
+        ids, mask, types = prepared.ids, prepared.mask, prepared.types
         rows = prepared.rows
         if not variant.compiled or (small and self._device.type == "cpu"):
-            return self._forward_pooled(variant.module, ids, mask)[:rows]
+            return self._forward_pooled(variant.module, ids, mask, types)[:rows]
         if rows == 1:
             # A compiled graph specializes on size 1; two identical rows reuse the dynamic
             # graph instead of compiling another one (a lone text costs about the same).
             ids, mask = np.repeat(ids, 2, axis=0), np.repeat(mask, 2, axis=0)
+            types = None if types is None else np.repeat(types, 2, axis=0)
         try:
-            return self._forward_pooled(variant.forward, ids, mask)[:rows]
+            return self._forward_pooled(variant.forward, ids, mask, types)[:rows]
         except Exception as exc:  # any compiler failure: serve eagerly
             if _out_of_memory(exc):
                 raise  # the batch is too big, not the compiler at fault
@@ -270,20 +294,27 @@ class TorchEncoder:
             variant.forward, variant.compiled = variant.module, False
             if variant is self._variant:
                 self.install(variant)
-        return self._forward_pooled(variant.module, ids, mask)[:rows]
+        return self._forward_pooled(variant.module, ids, mask, types)[:rows]
 
     def _forward_pooled(
-        self, forward: Any, ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]
+        self,
+        forward: Any,
+        ids: npt.NDArray[np.int64],
+        mask: npt.NDArray[np.int64],
+        types: npt.NDArray[np.int64] | None = None,
     ) -> npt.NDArray[np.float32]:
         input_ids = torch.from_numpy(ids).to(self._device, non_blocking=True)
         attention = torch.from_numpy(mask).to(self._device, non_blocking=True)
         kwargs = {"input_ids": input_ids, "attention_mask": attention}
         if self._uses_token_types:
-            kwargs["token_type_ids"] = torch.zeros_like(input_ids)
+            kwargs["token_type_ids"] = (
+                torch.zeros_like(input_ids)
+                if types is None
+                else torch.from_numpy(types).to(self._device, non_blocking=True)
+            )
         with torch.inference_mode():
-            hidden = forward(**kwargs).last_hidden_state
-            pooled = pool(hidden, attention, self._pooling)
-        out: npt.NDArray[np.float32] = pooled.cpu().numpy().astype(np.float32, copy=False)
+            rows = self._rows(forward, kwargs)
+        out: npt.NDArray[np.float32] = rows.float().cpu().numpy().astype(np.float32, copy=False)
         return out
 
     def encode(self, batch: Sequence[Sequence[int]]) -> npt.NDArray[np.float32]:
