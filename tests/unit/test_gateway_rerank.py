@@ -18,7 +18,12 @@ import pytest
 import structlog
 
 from producer_sdk.catalog import CatalogModel
-from producer_sdk.errors import EmbedError, EmbedTimeoutError, RequestTooLargeError
+from producer_sdk.errors import (
+    CatalogUnavailableError,
+    EmbedError,
+    EmbedTimeoutError,
+    RequestTooLargeError,
+)
 from tests.unit.test_gateway import (
     DOCS,
     KEY,
@@ -148,6 +153,16 @@ async def test_with_no_reranker_or_several_and_no_setting_the_model_must_be_name
     assert "KEMBED_GATEWAY_RERANK_MODEL" in error["message"]
     assert RERANKER in error["message"]
     assert (tei_several.status_code, tei_error(tei_several)["error_type"]) == (422, "Validation")
+    assert fake.calls == []
+
+
+async def test_an_unreadable_catalog_is_503_when_the_default_reranker_is_looked_up() -> None:
+    async with with_reranker() as (http, fake):
+        fake.catalog_error = CatalogUnavailableError("no broker answered")
+        answer = await http.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS})
+        tei = await http.post("/rerank", json={"query": QUERY, "texts": DOCUMENTS})
+    openai_error(answer, 503, "kafka_unavailable", "server_error")
+    assert (tei.status_code, tei_error(tei)["error_type"]) == (503, "Unhealthy")
     assert fake.calls == []
 
 
