@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from loadtest.data import stsb_sentences
 from producer_sdk import EmbedClient, EmbedError, Reranked, SyncEmbedClient
 from scripts.kafka_local import CATALOG_TOPIC_CONFIG, LocalKafka, TopicSpec
 from scripts.worker_process import WorkerProcess
@@ -38,41 +39,17 @@ pytestmark = pytest.mark.integration
 TAG = uuid.uuid4().hex[:6]
 RERANKER, RERANKER_ALIAS, EMBEDDER = "rc-ce", "rc-ce-alias", "rc-minilm"
 MAX_LENGTH = 128
-QUERY = "how do consumer groups share the partitions of a topic"
-WORDS = [
-    "kafka",
-    "broker",
-    "partition",
-    "consumer",
-    "group",
-    "offset",
-    "commit",
-    "log",
-    "topic",
-    "replica",
-    "leader",
-    "embedding",
-    "vector",
-    "model",
-    "token",
-    "batch",
-    "query",
-    "document",
-    "score",
-    "rank",
-    "search",
-    "index",
-]
+QUERY = "A man is playing a guitar on a stage."
 TOLERANCE = 1e-4
 
 
 def documents(count: int, seed: int = 7) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choices(WORDS, k=rng.randint(3, 30))) for _ in range(count)]
+    """``count`` distinct STS-B sentences."""
+    return random.Random(seed).sample(stsb_sentences(), count)
 
 
-LONG = "opening words " + " ".join(documents(1, 3) * 60) + " closing words"
-"""A document far over the cross-encoder's 128 tokens."""
+LONG = "opening words " + " ".join(documents(60, 3)) + " closing words"
+"""A document far over the cross-encoder's 128 tokens, whose two ends differ."""
 
 
 @dataclass(frozen=True)
@@ -246,8 +223,10 @@ def test_sdk_truncation_both_sides_and_the_too_long_error(fleet: Fleet) -> None:
         (QUERY, texts, {"model": RERANKER}),
         (QUERY, texts, {"model": RERANKER, "truncation_direction": "left"}),
     )
-    assert np.max(np.abs(right.scores - reference(fleet, QUERY, texts))) < TOLERANCE
+    expected_right = reference(fleet, QUERY, texts)
     expected_left = reference(fleet, QUERY, texts, side="left")
+    assert abs(float(expected_right[0]) - float(expected_left[0])) > TOLERANCE  # sides differ
+    assert np.max(np.abs(right.scores - expected_right)) < TOLERANCE
     assert np.max(np.abs(left.scores - expected_left)) < TOLERANCE
     assert right.tokens[0] == MAX_LENGTH
     with pytest.raises(EmbedError) as caught:
