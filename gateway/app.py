@@ -2,8 +2,9 @@
 
 Composition: the lifespan creates and starts one :class:`producer_sdk.EmbedClient` (the
 shared Kafka settings, ``client_id="kembed-gateway"``, its own reply partition) and closes
-it at shutdown; the routes are the OpenAI API (:mod:`gateway.openai_api`), TEI's
-``/embed`` (:mod:`gateway.tei_api`), ``/health``, ``/ready`` and ``/metrics``. Around them
+it at shutdown; the routes are the OpenAI API (:mod:`gateway.openai_api`), the Cohere/Jina
+rerank API (:mod:`gateway.rerank_api`), TEI's ``/embed`` and ``/rerank``
+(:mod:`gateway.tei_api`), ``/health``, ``/ready`` and ``/metrics``. Around them
 one ASGI middleware (:class:`Guard`) checks the API key and the body size before anything
 is parsed, and counts and times every API request.
 """
@@ -23,7 +24,7 @@ from fastapi.security import HTTPBearer
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import openai_api, tei_api
+from gateway import openai_api, rerank_api, tei_api
 from gateway.auth import ApiKeys
 from gateway.errors import ApiError, Shape
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -33,13 +34,15 @@ from kembed_shared.settings import KafkaClientSettings, security_options
 from kembed_shared.version import kembed_version
 from producer_sdk import EmbedClient
 
-__all__ = ["API_ENDPOINTS", "CLIENT_ID", "ClientFactory", "Guard", "create_app"]
+__all__ = ["API_ENDPOINTS", "CLIENT_ID", "TEI_ENDPOINTS", "ClientFactory", "Guard", "create_app"]
 
 log = structlog.get_logger("kembed.gateway")
 
 CLIENT_ID = "kembed-gateway"
-API_ENDPOINTS = frozenset({"/v1/embeddings", "/v1/models", "/embed"})
+API_ENDPOINTS = frozenset({"/v1/embeddings", "/v1/models", "/v1/rerank", "/embed", "/rerank"})
 """The endpoints counted and timed in the metrics (not probes, scrapes or the docs)."""
+TEI_ENDPOINTS = frozenset({"/embed", "/rerank"})
+"""The endpoints that answer errors in TEI's shape (the others: OpenAI's)."""
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 ClientFactory = Callable[..., GatewayClient]
@@ -97,6 +100,7 @@ def create_app(
             timeout_s=settings.timeout_s,
             max_in_flight=settings.max_in_flight,
             model=settings.model,
+            rerank_model=settings.rerank_model,
         )
         try:
             yield
@@ -109,14 +113,15 @@ def create_app(
     app = FastAPI(
         title="kembed gateway",
         version=kembed_version(),
-        description="OpenAI- and text-embeddings-inference-shaped embedding APIs in front "
-        "of a kembed fleet on Kafka.",
+        description="OpenAI- and text-embeddings-inference-shaped embedding APIs, and "
+        "Cohere/Jina- and TEI-shaped rerank APIs, in front of a kembed fleet on Kafka.",
         lifespan=lifespan,
     )
     app.state.gateway = None
     app.state.metrics = metrics
     bearer = [Depends(HTTPBearer(auto_error=False))]  # documents the key in the OpenAPI page
     app.include_router(openai_api.router, dependencies=bearer)
+    app.include_router(rerank_api.router, dependencies=bearer)
     app.include_router(tei_api.router, dependencies=bearer)
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
@@ -153,8 +158,8 @@ def create_app(
 
 
 def shape_of(path: str) -> Shape:
-    """TEI's error shape for ``/embed``, OpenAI's for everything else."""
-    return "tei" if path == "/embed" else "openai"
+    """TEI's error shape for ``/embed`` and ``/rerank``, OpenAI's for everything else."""
+    return "tei" if path in TEI_ENDPOINTS else "openai"
 
 
 def error_response(error: ApiError, shape: Shape) -> JSONResponse:

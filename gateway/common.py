@@ -1,16 +1,24 @@
-"""What the two APIs' routes share: the running :class:`~gateway.service.Gateway` as a
-FastAPI dependency, and the refusal of token-id inputs."""
+"""What the APIs' routes share: the running :class:`~gateway.service.Gateway` as a
+FastAPI dependency, the refusal of token-id inputs, and compact JSON answers."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
 
 from gateway.errors import ApiError
 from gateway.service import Gateway
 
-__all__ = ["TOKEN_IDS_REFUSED", "Service", "gateway_of", "refuse_token_ids", "texts_of"]
+__all__ = [
+    "TOKEN_IDS_REFUSED",
+    "Service",
+    "gateway_of",
+    "json_response",
+    "refuse_token_ids",
+    "texts_of",
+]
 
 TOKEN_IDS_REFUSED = (
     "arrays of token ids are not supported: send text (LangChain's OpenAIEmbeddings: "
@@ -43,3 +51,9 @@ def texts_of(inputs: str | list[str], request: Request) -> list[str]:
     texts = [inputs] if isinstance(inputs, str) else inputs
     request.state.inputs = len(texts)
     return texts
+
+
+def json_response(answer: Any) -> Response:
+    """``answer`` as compact JSON. Built by hand rather than by a response model: validating
+    thousands of floats per answer through pydantic would cost more than the request."""
+    return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")

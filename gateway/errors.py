@@ -34,7 +34,8 @@ __all__ = [
 ]
 
 Shape = Literal["openai", "tei"]
-"""The error body a route answers with: OpenAI's (``/v1/...``) or TEI's (``/embed``)."""
+"""The error body a route answers with: OpenAI's (``/v1/...``) or TEI's (``/embed``,
+``/rerank``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,15 +131,18 @@ class ApiError(Exception):
         }
 
 
-def from_sdk(error: KembedError, *, workers_live: bool = True) -> ApiError:
+def from_sdk(error: KembedError, *, workers_live: bool = True, field: str = "input") -> ApiError:
     """The answer for what the SDK raised. ``workers_live`` decides a timeout: 504 when
-    the catalog shows a live worker for the model (slow or backlogged), else 503."""
+    the catalog shows a live worker for the model (slow or backlogged), else 503.
+    ``field`` is what the API calls the request's texts (``input``, ``documents``,
+    ``texts``): the ``param`` of an error about one of them."""
     if isinstance(error, EmbedError):
         code = WIRE_CODES.get(error.code, "internal")
-        where = f" (input {error.index})" if error.index is not None else ""
-        param = "input" if error.index is not None or code == "input_too_long" else None
+        item = field.removesuffix("s")  # documents, texts: "(document 3)", "(text 3)"
+        where = f" ({item} {error.index})" if error.index is not None else ""
+        param = field if error.index is not None or code == "input_too_long" else None
         if code == "internal":
-            return ApiError(code, "the worker failed to embed the request; it may succeed again")
+            return ApiError(code, "the worker failed to answer the request; it may succeed again")
         return ApiError(code, f"{error.message}{where}", param=param)
     if isinstance(error, EmbedTimeoutError):
         if workers_live:
@@ -151,8 +155,8 @@ def from_sdk(error: KembedError, *, workers_live: bool = True) -> ApiError:
         return ApiError(
             "request_too_large",
             f"the request would be {error.size} bytes on Kafka, above its limit of "
-            f"{error.limit}; send fewer or shorter inputs",
-            param="input",
+            f"{error.limit}; send fewer or shorter texts",
+            param=field,
         )
     if isinstance(error, CatalogUnavailableError | ClientClosedError):
         return ApiError("kafka_unavailable", "Kafka is not reachable from the gateway")

@@ -10,14 +10,13 @@ model's maximum length is an error (400 ``input_too_long``), as with OpenAI.
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.common import Service, refuse_token_ids, texts_of
+from gateway.common import Service, json_response, refuse_token_ids, texts_of
 from gateway.errors import from_sdk
 from gateway.service import EmbedOptions
 from producer_sdk.errors import KembedError
@@ -90,14 +89,14 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, gateway: S
     options = EmbedOptions(model=body.model, truncate=False, dimensions=body.dimensions)
     outcome = await gateway.embed(texts, options)
     request.state.model = outcome.model
-    vectors = outcome.embeddings.vectors
+    vectors = outcome.result.vectors
     rows: list[Any]
     if body.encoding_format == "base64":
         little = vectors.astype("<f4", copy=False)
         rows = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
     else:
         rows = vectors.astype(np.float32, copy=False).tolist()
-    tokens = sum(outcome.embeddings.tokens)
+    tokens = sum(outcome.result.tokens)
     answer = {
         "object": "list",
         "data": [
@@ -107,9 +106,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, gateway: S
         "model": outcome.model or body.model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-    # Built here rather than by the response model: validating thousands of floats per
-    # answer through pydantic would cost more than the rest of the request.
-    return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")
+    return json_response(answer)
 
 
 @router.get("/models", response_model=ModelList)

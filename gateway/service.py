@@ -1,18 +1,19 @@
-"""What both APIs do with an embedding request, without HTTP: the model check against the
-catalog, the in-flight bound, the call through the SDK, and the SDK's errors as
-:class:`~gateway.errors.ApiError`.
+"""What every API does with an embedding or rerank request, without HTTP: the model check
+against the catalog (its name, and its ``kind``), the in-flight bound, the call through
+the SDK, and the SDK's errors as :class:`~gateway.errors.ApiError`.
 
-Each request is one :meth:`EmbedClient.embed_result` call on the interactive lane, waiting
-at most ``timeout_s`` (which the SDK sends as the request's ``deadline_ms``).
+Each request is one :meth:`EmbedClient.embed_result` or :meth:`EmbedClient.rerank` call
+on the interactive lane, waiting at most ``timeout_s`` (which the SDK sends as the
+request's ``deadline_ms``).
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypedDict, Unpack
+from typing import Generic, Literal, Protocol, TypedDict, TypeVar, Unpack
 
 import structlog
 
@@ -23,8 +24,9 @@ from gateway.settings import GatewaySettings
 from producer_sdk.catalog import CatalogModel
 from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import EmbedTimeoutError, KembedError
+from producer_sdk.rerank import Reranked
 
-__all__ = ["EmbedOptions", "Gateway", "GatewayClient", "Outcome"]
+__all__ = ["EmbedOptions", "Gateway", "GatewayClient", "Outcome", "RerankOptions"]
 
 log = structlog.get_logger("kembed.gateway")
 
@@ -32,6 +34,20 @@ _RETRY_AFTER_S = "1"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 """JSON can carry lone surrogates (``"\\udc80"``), which no UTF-8 message can."""
 _MAX_NAME_SHOWN = 200
+_KIND_NAMES = {"embed": "an embedding model", "rerank": "a reranker (a cross-encoder)"}
+_KIND_USE = {
+    "embed": "embed with it (POST /v1/embeddings, /embed), or name a reranker",
+    "rerank": "rerank with it (POST /v1/rerank, /rerank), or name an embedding model",
+}
+T = TypeVar("T")
+
+
+class _Answer(Protocol):
+    @property
+    def model(self) -> str: ...
+
+
+A = TypeVar("A", bound=_Answer)
 
 
 class GatewayClient(Protocol):
@@ -47,6 +63,15 @@ class GatewayClient(Protocol):
         self, texts: Sequence[str], *, timeout: float | None = None, **options: Unpack[EmbedOptions]
     ) -> Embeddings: ...
 
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        timeout: float | None = None,
+        **options: Unpack[RerankOptions],
+    ) -> Reranked: ...
+
 
 class EmbedOptions(TypedDict, total=False):
     """How to embed, as both APIs describe it: keyword arguments of
@@ -60,11 +85,23 @@ class EmbedOptions(TypedDict, total=False):
     truncation_direction: Literal["right", "left"] | None
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """A result, and the catalog's name of the model that made it."""
+class RerankOptions(TypedDict, total=False):
+    """How to rerank, as both APIs describe it: keyword arguments of
+    :meth:`producer_sdk.EmbedClient.rerank`."""
 
-    embeddings: Embeddings
+    model: str | None
+    top_n: int | None
+    raw_scores: bool
+    truncate: bool
+    truncation_direction: Literal["right", "left"] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """A result (:class:`Embeddings` or :class:`Reranked`), and the catalog's name of the
+    model that made it."""
+
+    result: T
     model: str
 
 
@@ -82,30 +119,74 @@ class Gateway:
         self.catalog = catalog or CatalogCache(client.models)
         self.in_flight = 0
 
-    def check_inputs(self, texts: Sequence[str]) -> None:
-        """The gateway's own validation of the texts: at least one, none empty, at most
-        ``max_inputs``."""
+    def check_inputs(self, texts: Sequence[str], field: str = "input") -> None:
+        """The gateway's own validation of the texts (``field``: what the API calls them):
+        at least one, none empty, at most ``max_inputs``."""
         if not texts:
-            raise ApiError("empty_input", "input must not be empty", param="input")
+            raise ApiError("empty_input", f"{field} must not be empty", param=field)
         if len(texts) > self.settings.max_inputs:
+            noun = "inputs" if field == "input" else field
             raise ApiError(
                 "too_many_inputs",
-                f"{len(texts)} inputs, above this gateway's limit of {self.settings.max_inputs}",
-                param="input",
+                f"{len(texts)} {noun}, above this gateway's limit of {self.settings.max_inputs}",
+                param=field,
             )
         for index, text in enumerate(texts):
-            if not text:
-                raise ApiError("invalid_request", f"input[{index}] is empty", param="input")
-            if not text.isascii() and _SURROGATE.search(text):
-                raise ApiError(
-                    "invalid_request",
-                    f"input[{index}] is not valid Unicode text (it holds a lone surrogate)",
-                    param="input",
-                )
+            _check_text(text, f"{field}[{index}]", field)
 
-    async def embed(self, texts: Sequence[str], options: EmbedOptions) -> Outcome:
+    async def embed(self, texts: Sequence[str], options: EmbedOptions) -> Outcome[Embeddings]:
         """The result for ``texts``; raises ApiError for everything that is not one."""
         self.check_inputs(texts)
+
+        def call(wait: float) -> Awaitable[Embeddings]:
+            return self.client.embed_result(texts, timeout=wait, **options)
+
+        return await self._bounded(options.get("model"), "embed", call, "input")
+
+    async def rerank(
+        self, query: str, documents: Sequence[str], options: RerankOptions, field: str
+    ) -> Outcome[Reranked]:
+        """The scores of ``documents`` (what the API calls ``field``) for ``query``, by the
+        model named, else :meth:`default_reranker`; raises ApiError for everything else."""
+        _check_text(query, "query", "query")
+        self.check_inputs(documents, field)
+        model = options.get("model") or await self.default_reranker()
+        chosen: RerankOptions = {**options, "model": model}
+
+        def call(wait: float) -> Awaitable[Reranked]:
+            return self.client.rerank(query, documents, timeout=wait, **chosen)
+
+        return await self._bounded(model, "rerank", call, field)
+
+    async def default_reranker(self) -> str:
+        """``rerank_model`` when set, else the one live model of kind ``rerank`` in the
+        catalog; ApiError when there is none (``model_not_found``) or several."""
+        if self.settings.rerank_model is not None:
+            return self.settings.rerank_model
+        try:
+            models = await self.catalog.models()
+        except KembedError as exc:
+            raise _failed(from_sdk(exc), exc) from None
+        rerankers = [model.name for model in models if model.kind == "rerank"]
+        if not rerankers:
+            raise ApiError(
+                "model_not_found",
+                "no live worker serves a reranker (a model of kind rerank)",
+                param="model",
+            )
+        if len(rerankers) > 1:
+            raise ApiError(
+                "invalid_request",
+                f"{len(rerankers)} rerankers are served ({', '.join(rerankers)}): name one in "
+                "'model', or set the gateway's KEMBED_GATEWAY_RERANK_MODEL",
+                param="model",
+            )
+        return rerankers[0]
+
+    async def _bounded(
+        self, model: str | None, kind: str, call: Callable[[float], Awaitable[A]], field: str
+    ) -> Outcome[A]:
+        """``call(seconds left)`` for ``model`` within the in-flight bound and the timeout."""
         if self.in_flight >= self.settings.max_in_flight:
             raise ApiError(
                 "overloaded",
@@ -116,25 +197,22 @@ class Gateway:
         self.in_flight += 1
         self.metrics.in_flight.inc()
         try:
-            return await self._embed(texts, options)
+            deadline = time.monotonic() + self.settings.timeout_s
+            name = await self._model_name(model, kind)
+            try:
+                result = await self._call(call, model, deadline, field)
+            except ApiError as error:
+                error.model = name
+                raise
+            return Outcome(result, result.model or name)
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
 
-    async def _embed(self, texts: Sequence[str], options: EmbedOptions) -> Outcome:
-        deadline = time.monotonic() + self.settings.timeout_s
-        model = options.get("model")
-        name = await self._model_name(model)
-        try:
-            result = await self._call(texts, options, deadline)
-        except ApiError as error:
-            error.model = name
-            raise
-        return Outcome(result, result.model or name)
-
-    async def _model_name(self, model: str | None) -> str:
+    async def _model_name(self, model: str | None, kind: str) -> str:
         """The catalog's name of ``model`` (empty for None: the workers' default); raises
-        ApiError ``model_not_found`` when no live worker serves it."""
+        ApiError ``model_not_found`` when no live worker serves it, ``invalid_request``
+        when it is of another kind than ``kind``."""
         if model is None:
             return ""
         entry = await self._find(model)
@@ -145,19 +223,31 @@ class Gateway:
                 "announces it (GET /v1/models lists the served models)",
                 param="model",
             )
+        if entry.kind != kind:
+            error = ApiError(
+                "invalid_request",
+                f"the model {entry.name!r} is {_KIND_NAMES.get(entry.kind, entry.kind)} "
+                f"(kind {entry.kind}): {_KIND_USE.get(entry.kind, 'name another model')}",
+                param="model",
+            )
+            error.model = entry.name
+            raise error
         return entry.name
 
     async def _call(
-        self, texts: Sequence[str], options: EmbedOptions, deadline: float
-    ) -> Embeddings:
+        self,
+        call: Callable[[float], Awaitable[A]],
+        model: str | None,
+        deadline: float,
+        field: str,
+    ) -> A:
         try:
-            wait = max(deadline - time.monotonic(), 0.001)
-            return await self.client.embed_result(texts, timeout=wait, **options)
+            return await call(max(deadline - time.monotonic(), 0.001))
         except EmbedTimeoutError as exc:
-            live = await self._serving(options.get("model"))
+            live = await self._serving(model)
             raise from_sdk(exc, workers_live=live) from None
         except KembedError as exc:
-            raise _failed(from_sdk(exc), exc) from None
+            raise _failed(from_sdk(exc, field=field), exc) from None
         except Exception as exc:  # noqa: BLE001 (any other failure is a 500, logged once)
             log.error("gateway.embed_failed", error_type=type(exc).__name__, error=str(exc))
             raise ApiError("internal", "the gateway failed to embed the request") from None
@@ -178,6 +268,18 @@ class Gateway:
         if model is not None:
             return any(entry.serves(model) for entry in models)
         return any(self.settings.requests_topic in entry.topics for entry in models)
+
+
+def _check_text(text: str, where: str, param: str) -> None:
+    """One text: not empty, and encodable as UTF-8 (``where`` names it in the message)."""
+    if not text:
+        raise ApiError("invalid_request", f"{where} is empty", param=param)
+    if not text.isascii() and _SURROGATE.search(text):
+        raise ApiError(
+            "invalid_request",
+            f"{where} is not valid Unicode text (it holds a lone surrogate)",
+            param=param,
+        )
 
 
 def _failed(answer: ApiError, error: KembedError) -> ApiError:

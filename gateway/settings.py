@@ -47,7 +47,10 @@ class GatewaySettings(BaseSettings):
         4 * 1024 * 1024, gt=0, description="Largest request body; larger is 413."
     )
     max_inputs: int = Field(
-        2048, gt=0, description="Most inputs in one request; more is 400 (too_many_inputs)."
+        2048,
+        gt=0,
+        description="Most inputs (texts to embed, documents to rerank) in one request; more "
+        "is 400 (too_many_inputs).",
     )
     max_in_flight: int = Field(
         256,
@@ -59,6 +62,11 @@ class GatewaySettings(BaseSettings):
         None,
         description="The model POST /embed (TEI, which names no model) asks for; unset: the "
         "workers' default.",
+    )
+    rerank_model: str | None = Field(
+        None,
+        description="The reranker POST /rerank (TEI, which names no model) and POST /v1/rerank "
+        "without a model ask for; unset: the one live model of kind rerank in the catalog.",
     )
     requests_topic: str = Field(
         "embed.requests",
@@ -73,7 +81,9 @@ class GatewaySettings(BaseSettings):
 
     _keys: tuple[str, ...] = PrivateAttr(default=())
 
-    _blank = field_validator("api_keys", "api_keys_file", "model", mode="before")(none_if_blank)
+    _blank = field_validator("api_keys", "api_keys_file", "model", "rerank_model", mode="before")(
+        none_if_blank
+    )
 
     @model_validator(mode="after")
     def _read_keys(self) -> Self:

@@ -1,4 +1,5 @@
-"""kembed producer SDK: ``vectors = await client.embed(texts)`` over Kafka, and
+"""kembed producer SDK: ``vectors = await client.embed(texts)`` over Kafka,
+``ranked = await client.rerank(query, documents)`` for a cross-encoder's scores, and
 ``await client.submit(texts, keys=ids)`` / ``ingest(client, documents)`` for ingestion;
 ``SyncEmbedClient`` for ``vectors = client.embed(texts)`` without asyncio."""
 
@@ -24,8 +25,10 @@ from producer_sdk.errors import (
     KembedError,
     RequestTooLargeError,
     UnexpectedEncodingError,
+    UnexpectedResultError,
 )
 from producer_sdk.ingest import Document, IngestSummary, JsonlError, JsonlReader, ingest
+from producer_sdk.rerank import RankedDocument, Reranked
 from producer_sdk.sync import SyncEmbedClient
 from schemas import Chunking, Encoding
 
@@ -51,9 +54,12 @@ __all__ = [
     "JsonlReader",
     "KafkaAccessError",
     "KembedError",
+    "RankedDocument",
     "RequestTooLargeError",
+    "Reranked",
     "SyncEmbedClient",
     "UnexpectedEncodingError",
+    "UnexpectedResultError",
     "dequantize_int8",
     "hamming_distances",
     "ingest",

@@ -264,6 +264,16 @@ class ModelRouter:
         client configured for the bulk lane, or for its own fleet's topic, stays on it)."""
         if model in self._overrides:
             return self._overrides[model]
+        entry = await self.find(model)
+        if entry is None:
+            return None
+        if current is not None and current in entry.topics:
+            return current
+        return entry.topic(lane)
+
+    async def find(self, model: str) -> CatalogModel | None:
+        """The catalog's entry for ``model`` (by name or alias), from the cache (re-read as
+        :class:`ModelRouter` says); None without a catalog or when it lacks the model."""
         if self._read is None:
             return None
         entry = resolve(self._models, model)
@@ -272,11 +282,7 @@ class ModelRouter:
             if entry is None:
                 await asyncio.shield(refresh)
                 entry = resolve(self._models, model)
-        if entry is None:
-            return None
-        if current is not None and current in entry.topics:
-            return current
-        return entry.topic(lane)
+        return entry
 
     def update(self, models: Sequence[CatalogModel]) -> None:
         """Take a freshly read catalog (``EmbedClient.models()`` shares its read)."""

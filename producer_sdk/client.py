@@ -3,6 +3,7 @@
     async with EmbedClient(bootstrap_servers="localhost:9092") as client:
         vectors = await client.embed(["first text", "second text"], timeout=30)
         codes = await client.embed(["first text"], encoding="int8")  # int8 (1, dim)
+        ranked = await client.rerank("a query", ["doc", "other doc"], model="reranker")
 
 Many calls may run concurrently on one client; each is correlated with its result by a
 unique request id. Results go to one partition of the reply topic that this client reads
@@ -18,7 +19,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 import msgpack
 import numpy as np
@@ -37,15 +38,22 @@ from producer_sdk.errors import (
     KembedError,
     RequestTooLargeError,
     UnexpectedEncodingError,
+    UnexpectedResultError,
 )
 from producer_sdk.pending import PendingCalls
+from producer_sdk.rerank import Reranked, check_rerank_arguments
 from producer_sdk.transport import Transport
 from schemas import (
     CHUNK_POOLINGS,
     Chunking,
     EmbedRequest,
+    EmbedResult,
     Encoding,
     ErrorResult,
+    Request,
+    RerankRequest,
+    RerankResult,
+    Result,
     SchemaError,
     decode_result,
     encode_request,
@@ -62,6 +70,19 @@ _ENCODING_NAMES = frozenset(encoding.value for encoding in Encoding)
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1  # the integers msgpack can carry
 DOCS_META_KEY = "docs"
 """The request ``meta`` key that carries per-input metadata (see ``submit``)."""
+
+R = TypeVar("R", EmbedResult, RerankResult)
+_KIND_OF: dict[type[EmbedResult | RerankResult], str] = {
+    EmbedResult: "embed",
+    RerankResult: "rerank",
+}
+"""The catalog ``kind`` of the models that answer a call expecting this result."""
+_WHAT: dict[type[EmbedResult | RerankResult], str] = {
+    EmbedResult: "vectors",
+    RerankResult: "relevance scores (a rerank result)",
+}
+_MODEL_KINDS = {"embed": "an embedding model", "rerank": "a reranker (a cross-encoder)"}
+_USE = {"embed": "call embed(), not rerank()", "rerank": "call rerank(), not embed()"}
 
 
 class EmbedClient:
@@ -308,8 +329,9 @@ class EmbedClient:
         vectors, character spans and token counts), or with ``chunk_pooling="mean"`` one
         row per text as without chunking, the (re-normalized) mean of its chunks.
 
-        Raises EmbedError (with the wire ``code``) when the worker rejects the request,
-        EmbedTimeoutError when no result arrives within ``timeout`` seconds, and
+        Raises EmbedError (with the wire ``code``) when the worker rejects the request (and
+        ``invalid_request`` at once, without sending, when the catalog says ``model`` is a
+        reranker), EmbedTimeoutError when no result arrives within ``timeout`` seconds, and
         AuthorizationError at once when this client may not write the request topic (or
         read the reply topic).
         """
@@ -362,10 +384,67 @@ class EmbedClient:
             chunk_pooling=chunk_pooling,
             encoding=encoding,
         )
+        result = await self._answer(request, timeout, EmbedResult)
+        if result.dtype != request.encoding:
+            raise UnexpectedEncodingError(request.id, str(request.encoding), str(result.dtype))
+        return Embeddings.from_result(result)
+
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        model: str | None = None,
+        top_n: int | None = None,
+        return_documents: bool = False,
+        raw_scores: bool = False,
+        truncate: bool = True,
+        truncation_direction: Literal["right", "left"] | None = None,
+        timeout: float | None = None,
+    ) -> Reranked:
+        """Score each of ``documents`` against ``query`` with a cross-encoder (a model whose
+        catalog ``kind`` is ``rerank``): a :class:`~producer_sdk.Reranked` with ``scores``
+        (float32, one per document, in their order), ``order`` (document indices by score,
+        highest first; the best ``top_n`` only, when given) and ``results`` ((index, score,
+        document) per entry of ``order``; the documents' texts with ``return_documents``).
+
+        ``raw_scores`` gives the model's logits instead of its activation (sigmoid for a
+        one-label cross-encoder). A (query, document) pair longer than the model's maximum is
+        cut longest-first at ``truncation_direction``'s end (default: the model's); with
+        ``truncate=False`` it is an error instead (``input_too_long``, ``index`` the
+        document).
+
+        Raises what :meth:`embed` raises: EmbedError (with the wire ``code``; and at once,
+        ``invalid_request`` without sending, when the catalog says ``model`` is an embedding
+        model), EmbedTimeoutError, AuthorizationError; UnexpectedResultError when the worker
+        answers anything but the scores of these documents.
+        """
+        check_rerank_arguments(query, documents, top_n, truncation_direction)
+        request = RerankRequest(
+            id=uuid.uuid4().hex,
+            query=query,
+            documents=tuple(documents),
+            model=model or self.config.model,
+            top_n=top_n,
+            return_documents=return_documents,
+            raw_scores=raw_scores,
+            truncate=truncate,
+            truncation_direction=truncation_direction,
+        )
+        result = await self._answer(request, timeout, RerankResult)
+        if result.count != len(documents):
+            got = f"scores for {result.count} documents"
+            raise UnexpectedResultError(request.id, f"{len(documents)} scores", got)
+        return Reranked.from_result(result)
+
+    async def _answer(self, request: Request, timeout: float | None, expected: type[R]) -> R:
+        """Send ``request`` on the interactive lane and wait for its result, which must be
+        an ``expected``; the one path of :meth:`embed_result` and :meth:`rerank`."""
         self._check_started()
         if not self.config.read_replies:
             raise KembedError(
-                "this client reads no replies (read_replies=False): it can submit(), not embed()"
+                "this client reads no replies (read_replies=False): it can submit(), not "
+                "embed() or rerank()"
             )
         if (failure := self._transport.failure) is not None:
             raise AuthorizationError(failure.principal, failure.operation, failure.topic)
@@ -376,6 +455,7 @@ class EmbedClient:
             reply_to=self.config.reply_topic,
             reply_partition=self.reply_partition,
         )
+        await self._check_kind(request, _KIND_OF[expected])
         topic = await self.request_topic(request.model)
         result = await self._call(request, wait, topic)
         if isinstance(result, ErrorResult):
@@ -385,9 +465,25 @@ class EmbedClient:
                 index=result.error.index,
                 request_id=result.id,
             )
-        if result.dtype != request.encoding:
-            raise UnexpectedEncodingError(request.id, str(request.encoding), str(result.dtype))
-        return Embeddings.from_result(result)
+        if not isinstance(result, expected):
+            raise UnexpectedResultError(request.id, _WHAT[expected], _WHAT[type(result)])
+        return result
+
+    async def _check_kind(self, request: Request, kind: str) -> None:
+        """``invalid_request`` at once when the catalog says the model named is of another
+        kind (a reranker asked for vectors, an embedding model for scores); nothing is
+        checked for a model pinned by ``model_topics`` or without a catalog."""
+        model = request.model
+        if model is None or model in self.config.model_topics:
+            return
+        entry = await self._router.find(model)
+        if entry is not None and entry.kind != kind:
+            raise EmbedError(
+                "invalid_request",
+                f"the model {entry.name!r} is {_MODEL_KINDS.get(entry.kind, entry.kind)} "
+                f"(kind {entry.kind!r}): {_USE.get(entry.kind, 'use another model')}",
+                request_id=request.id,
+            )
 
     async def submit(
         self,
@@ -428,8 +524,9 @@ class EmbedClient:
 
         Raises TypeError or ValueError for invalid arguments, RequestTooLargeError when the
         encoded request exceeds ``max_request_bytes``, ClientClosedError when the client is
-        not started, and AuthorizationError when the request topic may not be written; in
-        all of these cases nothing was sent.
+        not started, AuthorizationError when the request topic may not be written, and
+        EmbedError ``invalid_request`` when the catalog says ``model`` is a reranker; in all
+        of these cases nothing was sent.
         """
         _check_texts(texts)
         request = self._request(
@@ -453,6 +550,7 @@ class EmbedClient:
         if dimensions is not None and (isinstance(dimensions, bool) or dimensions < 1):
             raise ValueError(f"dimensions must be a positive integer, not {dimensions!r}")
         self._check_started()
+        await self._check_kind(request, "embed")
         topic = await self.request_topic(request.model, "bulk" if bulk else "interactive")
         await self._send(request, topic, content_key(request) if affinity else None)
         return request.id
@@ -516,7 +614,7 @@ class EmbedClient:
         if not self._started:
             raise ClientClosedError("the client is not started; use 'async with'")
 
-    def _encode(self, request: EmbedRequest) -> bytes:
+    def _encode(self, request: Request) -> bytes:
         try:
             value = encode_request(request)
         except (TypeError, ValueError, OverflowError) as exc:  # msgpack: not serializable
@@ -525,13 +623,13 @@ class EmbedClient:
             raise RequestTooLargeError(len(value), self.config.max_request_bytes)
         return value
 
-    async def _send(self, request: EmbedRequest, topic: str, key: bytes | None = None) -> None:
+    async def _send(self, request: Request, topic: str, key: bytes | None = None) -> None:
         """Encode, check the size and send; return once the broker acknowledged it."""
         value = self._encode(request)
         headers = routing_headers(request.id, request.reply_to, request.reply_partition)
         await self._transport.send(value, headers, topic, key)
 
-    async def _call(self, request: EmbedRequest, timeout: float, topic: str | None = None) -> Any:
+    async def _call(self, request: Request, timeout: float, topic: str | None = None) -> Result:
         future = self._pending.add(request.id)
         try:
             async with asyncio.timeout(timeout):
@@ -638,7 +736,7 @@ def _string_keyed(value: object, name: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _where(request: EmbedRequest) -> str:
+def _where(request: Request) -> str:
     """Which part of a request msgpack cannot encode (its meta is the only free-form part)."""
     meta = request.meta or {}
     for index, doc in enumerate(meta.get(DOCS_META_KEY) or ()):

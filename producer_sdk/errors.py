@@ -6,6 +6,7 @@ Exception tree::
     ├── EmbedError               the worker answered with an error result (wire ``code``)
     ├── EmbedTimeoutError        no result within the timeout (also a ``TimeoutError``)
     ├── UnexpectedEncodingError  the result is not in the encoding asked for
+    ├── UnexpectedResultError    the result is not of the kind asked for (vectors, scores)
     ├── ClientClosedError        the client was closed while the call waited
     ├── RequestTooLargeError     the encoded request exceeds max_request_bytes (a ValueError)
     ├── IngestError              ``ingest()`` stopped; ``summary`` says what was sent before
@@ -38,6 +39,7 @@ __all__ = [
     "KembedError",
     "RequestTooLargeError",
     "UnexpectedEncodingError",
+    "UnexpectedResultError",
 ]
 
 
@@ -85,6 +87,19 @@ class UnexpectedEncodingError(KembedError):
             f"asked for {asked} vectors, the worker answered {got} (request {request_id}); "
             "the worker may predate output encodings"
         )
+        self.request_id = request_id
+        self.asked = asked
+        self.got = got
+
+
+class UnexpectedResultError(KembedError):
+    """The worker answered with another kind of result than the call asked for (scores for
+    an embed call, vectors for a rerank call), or with scores for another number of
+    documents: a worker that predates reranking, or a model that is not what its name
+    says. ``asked`` and ``got`` say which."""
+
+    def __init__(self, request_id: str, asked: str, got: str) -> None:
+        super().__init__(f"asked for {asked}, the worker answered {got} (request {request_id})")
         self.request_id = request_id
         self.asked = asked
         self.got = got

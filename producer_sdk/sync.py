@@ -3,6 +3,7 @@ frameworks that have no event loop of their own.
 
     with SyncEmbedClient("localhost:9092") as client:
         vectors = client.embed(["first text", "second text"], timeout=30)
+        ranked = client.rerank("a query", ["doc", "other doc"], model="reranker")
 
 It owns an :class:`~producer_sdk.EmbedClient` that lives on its own event loop in a
 background thread; every method hands its call to that loop and blocks the calling thread
@@ -37,6 +38,7 @@ from producer_sdk.client import EmbedClient
 from producer_sdk.config import ClientConfig
 from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import ClientClosedError
+from producer_sdk.rerank import Reranked
 from schemas import Chunking, Encoding
 
 __all__ = ["SyncEmbedClient"]
@@ -385,6 +387,35 @@ class SyncEmbedClient:
                 chunking=chunking,
                 chunk_pooling=chunk_pooling,
                 encoding=encoding,
+            )
+        )
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        model: str | None = None,
+        top_n: int | None = None,
+        return_documents: bool = False,
+        raw_scores: bool = False,
+        truncate: bool = True,
+        truncation_direction: Literal["right", "left"] | None = None,
+        timeout: float | None = None,
+    ) -> Reranked:
+        """:meth:`EmbedClient.rerank <producer_sdk.EmbedClient.rerank>`, blocking: a score
+        per document and the documents by score; the same options and exceptions."""
+        return self._submit(
+            self._client.rerank(
+                query,
+                documents,
+                model=model,
+                top_n=top_n,
+                return_documents=return_documents,
+                raw_scores=raw_scores,
+                truncate=truncate,
+                truncation_direction=truncation_direction,
+                timeout=timeout,
             )
         )
 

@@ -30,7 +30,17 @@ if TYPE_CHECKING:
 
 __all__ = ["add_parser", "models_json", "render_models", "run"]
 
-_COLUMNS = ("name", "aliases", "dim", "pooling", "dtype", "quantization", "workers", "topic")
+_COLUMNS = (
+    "name",
+    "kind",
+    "aliases",
+    "dim",
+    "pooling",
+    "dtype",
+    "quantization",
+    "workers",
+    "topic",
+)
 
 
 def add_parser(subcommands: Any, name: str, summary: str) -> None:
@@ -38,7 +48,8 @@ def add_parser(subcommands: Any, name: str, summary: str) -> None:
         name,
         help=summary,
         description="Read the model catalog topic and list the models live workers "
-        "announce: name, aliases, dimension, pooling, precision, how many workers serve "
+        "announce: name, kind (embed: an embedding model; rerank: a cross-encoder), "
+        "aliases, dimension, pooling, precision, how many workers serve "
         "it and the topic requests for it go to. Exit status 0, or 2 when the brokers "
         "cannot be reached.",
     )
@@ -98,6 +109,7 @@ def render_models(models: Sequence[CatalogModel]) -> str:
     rows = [
         (
             model.name,
+            model.kind,
             ", ".join(model.aliases) or "-",
             str(model.dim),
             model.pooling,

@@ -290,18 +290,23 @@ def test_models_table_and_json() -> None:
             card("minilm", "w2"),
             card("e5-large", "w3", dim=1024, dtype="float16", quantization="int8",
                  requests_topic="embed.requests.e5"),
+            card("ms-marco", "w4", dim=1, kind="rerank", requests_topic="rerank.requests"),
         ],
         NOW,
     )  # fmt: skip
     lines = render_models(models).splitlines()
     assert lines[0].split() == [
-        "name", "aliases", "dim", "pooling", "dtype", "quantization", "workers", "topic",
+        "name", "kind", "aliases", "dim", "pooling", "dtype", "quantization", "workers", "topic",
     ]  # fmt: skip
     assert lines[1].split() == [
-        "e5-large", "-", "1024", "mean", "float16", "int8", "1", "embed.requests.e5",
+        "e5-large", "embed", "-", "1024", "mean", "float16", "int8", "1", "embed.requests.e5",
     ]  # fmt: skip
     assert lines[2].split() == [
-        "minilm", "mini,", "small", "384", "mean", "float32", "none", "2", "embed.requests",
+        "minilm", "embed", "mini,", "small", "384", "mean", "float32", "none", "2",
+        "embed.requests",
+    ]  # fmt: skip
+    assert lines[3].split() == [
+        "ms-marco", "rerank", "-", "1", "mean", "float32", "none", "1", "rerank.requests",
     ]  # fmt: skip
     as_json = models_json(models)
     assert list(as_json[1]) == [
@@ -310,5 +315,6 @@ def test_models_table_and_json() -> None:
         "group_id", "topics", "workers", "instances", "announced_ms", "interval_ms",
     ]  # fmt: skip
     assert as_json[1]["instances"] == ["w1", "w2"]
+    assert [entry["kind"] for entry in as_json] == ["embed", "embed", "rerank"]
     assert as_json[1]["workers"] == 2
     assert as_json[1]["aliases"] == ["mini", "small"]

@@ -44,6 +44,7 @@ from producer_sdk.errors import (
     KembedError,
     RequestTooLargeError,
 )
+from producer_sdk.rerank import Reranked
 from schemas import Encoding, ErrorCode
 from tests.catalog_models import described
 from tests.conftest import ROOT
@@ -51,6 +52,7 @@ from tests.conftest import ROOT
 DOCS = (ROOT / "docs" / "gateway.md").read_text(encoding="utf-8")
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 ALIAS = "minilm"
+RERANKER = "cross-encoder/ms-marco-MiniLM-L-6-v2"
 KEY = "sk-test-key-1"
 DIM = 8
 
@@ -131,6 +133,27 @@ class FakeClient:
             tokens=tuple(tokens_of(text) for text in texts),
             model=MODEL,
         )
+
+    async def rerank(self, query: str, documents: Sequence[str], **options: Any) -> Reranked:
+        self.calls.append(([query, *documents], options))
+        if self.gate is not None:
+            self.arrivals.put_nowait(None)
+            await self.gate.wait()
+        if self.error is not None:
+            raise self.error
+        scores = np.array([score_of(query, d) for d in documents], dtype=np.float32)
+        order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))
+        return Reranked(
+            scores=scores,
+            order=tuple(order[: options.get("top_n")]),
+            tokens=tuple(tokens_of(query) + tokens_of(d) for d in documents),
+            model=RERANKER,
+        )
+
+
+def score_of(query: str, document: str) -> float:
+    """A float32-exact score per (query, document) pair: distinct for distinct documents."""
+    return (zlib.crc32(f"{query}|{document}".encode()) % 4096) / 256 - 8
 
 
 @asynccontextmanager

@@ -23,6 +23,7 @@ from producer_sdk import (
     EmbedClient,
     Embeddings,
     EmbedError,
+    Reranked,
     SyncEmbedClient,
 )
 from schemas import Encoding
@@ -80,6 +81,15 @@ class FakeAsyncClient:
             spans=tuple((0, len(t)) for t in texts) if options.get("chunking") else None,
         )
 
+    async def rerank(self, query: str, documents: Sequence[str], **options: Any) -> Reranked:
+        self._record()
+        self.calls.append(options)
+        if options.get("model") == "embedder":
+            raise EmbedError("invalid_request", "an embedding model", request_id="r2")
+        scores = np.array([len(d) for d in documents], dtype=np.float32)
+        order = tuple(sorted(range(len(documents)), key=lambda i: -scores[i]))
+        return Reranked(scores, order[: options.get("top_n")], (3,) * len(documents), "ce")
+
     async def submit(self, texts: Sequence[str], **options: Any) -> str:
         self._record()
         self.calls.append(options)
@@ -127,6 +137,29 @@ def test_calls_run_on_one_background_loop_and_return_the_async_results() -> None
     assert fake.calls[-1]["keys"] == [1]
     assert fake.calls[-1]["chunking"] is None
     assert fake.closed
+
+
+def test_rerank_blocks_and_returns_the_async_clients_scores_and_errors() -> None:
+    client, fake = make()
+    with client:
+        reranked = client.rerank("q", ["a", "ccc", "bb"], top_n=2, model="ce", timeout=4)
+        assert reranked.order == (1, 2)
+        assert reranked.scores.tolist() == [1, 3, 2]
+        assert [r.index for r in reranked.results] == [1, 2]
+        with pytest.raises(EmbedError) as caught:
+            client.rerank("q", ["a"], model="embedder")
+        assert caught.value.code == "invalid_request"
+    assert fake.calls[0] == {
+        "model": "ce",
+        "top_n": 2,
+        "return_documents": False,
+        "raw_scores": False,
+        "truncate": True,
+        "truncation_direction": None,
+        "timeout": 4,
+    }
+    with pytest.raises(ClientClosedError):
+        client.rerank("q", ["a"])
 
 
 def test_chunked_embed_gives_chunked_embeddings_and_mean_an_array() -> None:
@@ -242,7 +275,7 @@ def test_invalid_options_raise_what_the_async_client_raises() -> None:
         SyncEmbedClient("localhost:9092", security_protocol="NOPE")
 
 
-@pytest.mark.parametrize("name", ["embed", "embed_result", "submit", "models"])
+@pytest.mark.parametrize("name", ["embed", "embed_result", "rerank", "submit", "models"])
 def test_methods_mirror_the_async_signatures(name: str) -> None:
     """Every keyword of the async method, with its type and default, spelled out (so type
     checkers and IDEs see them); only the return is no longer awaitable."""
