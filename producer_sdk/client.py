@@ -464,6 +464,7 @@ class EmbedClient:
                 result.error.message,
                 index=result.error.index,
                 request_id=result.id,
+                item="document" if isinstance(request, RerankRequest) else "input",
             )
         if not isinstance(result, expected):
             raise UnexpectedResultError(request.id, _WHAT[expected], _WHAT[type(result)])

@@ -51,9 +51,16 @@ class EmbedError(KembedError):
     """The worker could not embed the request; ``code`` is the stable wire code."""
 
     def __init__(
-        self, code: str, message: str, *, index: int | None = None, request_id: str = ""
+        self,
+        code: str,
+        message: str,
+        *,
+        index: int | None = None,
+        request_id: str = "",
+        item: str = "input",
     ) -> None:
-        where = f" (input {index})" if index is not None else ""
+        """``index``: the input (``item`` "input") or document ("document") at fault."""
+        where = f" ({item} {index})" if index is not None else ""
         super().__init__(f"{code}: {message}{where}")
         self.code = code
         self.message = message

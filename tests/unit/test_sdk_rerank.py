@@ -214,6 +214,7 @@ async def test_an_error_result_is_an_embed_error_with_its_code_and_index() -> No
     with pytest.raises(EmbedError) as caught:
         await client.rerank("q", DOCUMENTS, truncate=False)
     assert (caught.value.code, caught.value.index) == ("input_too_long", 2)
+    assert str(caught.value).endswith("(document 2)"), "the index names a document"
     assert not caught.value.retriable
 
 
