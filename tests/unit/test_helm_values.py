@@ -24,6 +24,7 @@ from tests.helm_render import (
     rendered,
     role,
     role_of,
+    template,
     values,
 )
 
@@ -262,3 +263,37 @@ def test_the_schema_describes_exactly_the_values() -> None:
     free = {"resources", "podSecurityContext", "containerSecurityContext"}
     expected = {k for k in value_keys(default_values) if not (set(k.split(".")[:-1]) & free)}
     assert schema_keys(schema) == expected
+
+
+def test_the_documented_reranker_values_render_and_configure_workers_topics_and_gateway(
+    tmp_path: Path,
+) -> None:
+    """docs/deploy.md "Serving a reranker": its values file renders; the workers' and the
+    topics Job's KEMBED_MODELS is a valid worker setting holding the reranker with its own
+    topic, the models volume is mounted, and the gateway's default reranker is set."""
+    from gateway.settings import GatewaySettings
+    from worker.settings import WorkerSettings
+
+    doc = (CHART.parents[2] / "docs" / "deploy.md").read_text(encoding="utf-8")
+    section = doc[doc.index("### Serving a reranker") :]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert block is not None, "the section has a values example"
+    path = tmp_path / "reranker.yaml"
+    path.write_text(block.group(1), encoding="utf-8")
+    result = template([path], [])
+    assert result.returncode == 0, result.stderr
+    docs = tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+    worker_pod, worker = role_of(docs, "worker")
+    _, topics = role_of(docs, "topics")
+    _, gateway = role_of(docs, "gateway")
+    models = env_of(worker)["KEMBED_MODELS"]["value"]
+    assert env_of(topics)["KEMBED_MODELS"]["value"] == models
+    settings = WorkerSettings.model_validate({"models": models})
+    reranker = next(spec for spec in settings.model_specs() if spec.served_name() == "reranker")
+    assert reranker.requests_topic == "embed.requests.rerank"
+    assert reranker.model.startswith("/models/")
+    mounts = {m["mountPath"] for m in worker.get("volumeMounts", [])}
+    assert "/models" in mounts
+    assert "models" in {v["name"] for v in pod_spec(worker_pod)["volumes"]}
+    rerank_model = env_of(gateway)["KEMBED_GATEWAY_RERANK_MODEL"]["value"]
+    assert GatewaySettings.model_validate({"rerank_model": rerank_model}).rerank_model == "reranker"
