@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import re
 import tempfile
@@ -36,6 +35,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from loadtest import e2e
 from loadtest.data import stsb_sentences
+from loadtest.files import command_line, save_report
 from schemas import EmbedRequest, encode_request
 from schemas.headers import CORRELATION_ID
 from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
@@ -368,15 +368,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="folder for report.md/.json")
     args = parser.parse_args()
     report = run(args)
-    command = "python -m loadtest.cache " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out" and v
-    )
-    text = markdown(report, command)
+    text = markdown(report, command_line("loadtest.cache", args, drop_empty=True))
     print(text)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        (args.out / "report.md").write_text(text)
+        save_report(args.out, report, text)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -54,6 +53,7 @@ import httpx
 
 from loadtest import cputime
 from loadtest.data import stsb_sentences
+from loadtest.files import save_report
 from loadtest.run import percentiles, worker_batches
 from producer_sdk import EmbedClient
 from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
@@ -515,10 +515,9 @@ def main(argv: list[str] | None = None) -> int:
                 if gateway is not None:
                     gateway.stop()
                 worker.stop()
-    (out / "report.json").write_text(json.dumps(figures, indent=2) + "\n")
-    (out / "report.md").write_text(report_markdown(figures))
-    print(report_markdown(figures))
-    print(f"report: {out / 'report.md'}")
+    text = report_markdown(figures)
+    print(text)
+    print(f"report: {save_report(out, figures, text)}")
     return 0
 
 

@@ -25,7 +25,6 @@ against the exact top 10 (numpy, inner product). Nothing is asserted; ``report.m
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -41,6 +40,7 @@ from psycopg import sql
 from pydantic import SecretStr
 
 from loadtest.data import stsb_sentences
+from loadtest.files import save_report
 from scripts.pg_local import LocalPostgres
 from sink.postgres import PostgresStore, copy_data
 from sink.rows import Row
@@ -339,9 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             figures["pgvector"] = (version.fetchone() or ("?",))[0]
         for config in chosen:
             figures["runs"].append(measure(pg, config, vectors, queries, args.batch_rows))
-    (out / "report.json").write_text(json.dumps(figures, indent=2) + "\n")
-    (out / "report.md").write_text(_report(figures))
-    print(f"report: {out / 'report.md'}")
+    print(f"report: {save_report(out, figures, _report(figures))}")
     return 0
 
 

@@ -48,6 +48,7 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
+from loadtest.files import save_report
 from loadtest.hnsw import MODEL, texts_for
 from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
@@ -464,9 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                 finally:
                     worker.stop()
-    (out / "report.json").write_text(json.dumps(figures, indent=2) + "\n")
-    (out / "report.md").write_text(_report(figures))
-    print(f"report: {out / 'report.md'}")
+    print(f"report: {save_report(out, figures, _report(figures))}")
     return 0
 
 

@@ -44,6 +44,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from loadtest import e2e
 from loadtest.data import passages, stsb_sentences
+from loadtest.files import command_line, save_report
 from schemas import RerankRequest, RerankResult, decode_result, encode_request
 from scripts.kafka_local import LocalKafka, TopicSpec
 from scripts.worker_process import WorkerProcess
@@ -279,15 +280,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="folder for report.md/.json")
     args = parser.parse_args()
     report = run(args)
-    command = "python -m loadtest.rerank " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"
-    )
-    text = markdown(report, command)
+    text = markdown(report, command_line("loadtest.rerank", args))
     print(text)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        (args.out / "report.md").write_text(text)
+        save_report(args.out, report, text)
 
 
 if __name__ == "__main__":

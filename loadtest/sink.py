@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from pydantic import SecretStr
 
+from loadtest.files import save_report
 from loadtest.hnsw import cached_model_vectors
 from schemas import EmbedResult, decode_result, encode_result
 from scripts.kafka_local import LocalKafka, TopicSpec
@@ -478,9 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                         else ""
                     )
                 )
-    (out / "report.json").write_text(json.dumps(figures, indent=2) + "\n")
-    (out / "report.md").write_text(_report(figures))
-    print(f"report: {out / 'report.md'}")
+    print(f"report: {save_report(out, figures, _report(figures))}")
     return 0
 
 
