@@ -28,10 +28,11 @@ def _failing_forward_pooled(
     forward: Any,
     ids: npt.NDArray[np.int64],
     mask: npt.NDArray[np.int64],
+    *rest: Any,
 ) -> npt.NDArray[np.float32]:
     if bool((ids == MARKER_TOKEN_ID).any()):
         raise RuntimeError("injected fault: the marker token reached the model")
-    return _forward_pooled(self, forward, ids, mask)
+    return _forward_pooled(self, forward, ids, mask, *rest)
 
 
 setattr(torch_backend.TorchEncoder, "_forward_pooled", _failing_forward_pooled)  # noqa: B010
