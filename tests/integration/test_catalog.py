@@ -264,14 +264,16 @@ async def test_kembed_models_lists_the_live_models(kafka: LocalKafka) -> None:
     assert table.returncode == 0, table.stderr
     header, row = table.stdout.splitlines()
     assert header.split() == [
-        "name", "aliases", "dim", "pooling", "dtype", "quantization", "workers", "topic",
+        "name", "kind", "aliases", "dim", "pooling", "dtype", "quantization", "workers", "topic",
     ]  # fmt: skip
     assert row.split() == [
-        "minilm", "mini,", "small", "384", "mean", "float32", "nf4", "1", "embed.requests",
+        "minilm", "embed", "mini,", "small", "384", "mean", "float32", "nf4", "1",
+        "embed.requests",
     ]  # fmt: skip
     assert as_json.returncode == 0, as_json.stderr
     (entry,) = json.loads(as_json.stdout)
     assert entry["name"] == "minilm"
+    assert entry["kind"] == "embed"
     assert entry["workers"] == 1
     assert entry["group_id"] == "kembed-workers"
     assert entry["instances"][0].startswith("kembed-worker-")
