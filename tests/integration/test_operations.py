@@ -131,6 +131,7 @@ def test_info_matches_the_settings(
         "default_prompt_name": None,
         "requests_topic": REQUESTS,
         "bulk_topic": BULK,
+        "kind": "embed",
         "tuning": None,  # explicit dtype and torch_compile: nothing to measure
     }
     assert info["models"] == [info["model"] | {"memory_bytes": info["models"][0]["memory_bytes"]}]
