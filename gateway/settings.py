@@ -28,9 +28,11 @@ class GatewaySettings(BaseSettings):
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
     api_keys: SecretStr | None = Field(
         None,
-        description="Comma-separated API keys. When set (or api_keys_file), every endpoint "
-        "but /health, /ready and /metrics needs 'Authorization: Bearer <key>'. Prefer the "
-        "env var or the file to the flag; keys are never logged.",
+        description="Comma-separated API keys, or the absolute path of a file of keys (one "
+        "per line, as api_keys_file reads it: a mounted secret). When set (or "
+        "api_keys_file), every endpoint but /health, /ready and /metrics needs "
+        "'Authorization: Bearer <key>'. Prefer the env var or a file to the flag; keys are "
+        "never logged.",
     )
     api_keys_file: str | None = Field(
         None,
@@ -89,20 +91,13 @@ class GatewaySettings(BaseSettings):
     def _read_keys(self) -> Self:
         keys: list[str] = []
         if self.api_keys is not None:
-            keys += [key.strip() for key in self.api_keys.get_secret_value().split(",")]
+            value = self.api_keys.get_secret_value().strip()
+            if _names_a_file(value):
+                keys += _keys_in_file(value, "api_keys")
+            else:
+                keys += [key.strip() for key in value.split(",")]
         if self.api_keys_file is not None:
-            try:
-                text = Path(self.api_keys_file).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                # the path only: never the file's content
-                raise ValueError(
-                    f"api_keys_file {self.api_keys_file!r} cannot be read ({type(exc).__name__})"
-                ) from None
-            lines = [line.strip() for line in text.splitlines()]
-            from_file = [line for line in lines if line and not line.startswith("#")]
-            if not from_file:
-                raise ValueError(f"api_keys_file {self.api_keys_file!r} holds no key")
-            keys += from_file
+            keys += _keys_in_file(self.api_keys_file, "api_keys_file")
         self._keys = tuple(dict.fromkeys(key for key in keys if key))
         if self.api_keys is not None and not self._keys:
             raise ValueError("api_keys holds no key (comma-separated keys expected)")
@@ -111,3 +106,24 @@ class GatewaySettings(BaseSettings):
     def keys(self) -> tuple[str, ...]:
         """Every API key (from api_keys and api_keys_file); empty when auth is off."""
         return self._keys
+
+
+def _names_a_file(value: str) -> bool:
+    """Whether an ``api_keys`` value is the path of a key file rather than keys: an absolute
+    path of an existing file, with no comma. (A key that happens to start with ``/`` is a
+    key unless such a file exists; a path that does not exist is never echoed back.)"""
+    return value.startswith("/") and "," not in value and Path(value).is_file()
+
+
+def _keys_in_file(path: str, setting: str) -> list[str]:
+    """The keys of a key file: one per line; blank lines and ``#`` comments skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        # the path only: never the file's content
+        raise ValueError(f"{setting} {path!r} cannot be read ({type(exc).__name__})") from None
+    lines = [line.strip() for line in text.splitlines()]
+    keys = [line for line in lines if line and not line.startswith("#")]
+    if not keys:
+        raise ValueError(f"{setting} {path!r} holds no key")
+    return keys

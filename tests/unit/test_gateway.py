@@ -240,6 +240,25 @@ def test_api_keys_come_from_the_list_and_the_file_and_never_print(tmp_path: Path
     assert gateway_settings(api_keys="  ").keys() == ()  # an empty env var is unset
 
 
+def test_api_keys_may_name_a_key_file_and_a_key_starting_with_a_slash_stays_a_key(
+    tmp_path: Path,
+) -> None:
+    """KEMBED_GATEWAY_API_KEYS takes a list or the path of a file of keys (a secret)."""
+    secret_file = tmp_path / "keys"
+    secret_file.write_text("sk-file-1\n# old\nsk-file-2\n")
+    assert gateway_settings(api_keys=f" {secret_file} ").keys() == ("sk-file-1", "sk-file-2")
+    assert gateway_settings(api_keys=str(secret_file), api_keys_file=str(secret_file)).keys() == (
+        "sk-file-1",
+        "sk-file-2",
+    )
+    assert gateway_settings(api_keys="/sk+abc/def").keys() == ("/sk+abc/def",)
+    assert gateway_settings(api_keys=f"{secret_file},sk-two").keys() == (str(secret_file), "sk-two")
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing\n")
+    with pytest.raises(ValidationError, match=r"api_keys .* holds no key"):
+        gateway_settings(api_keys=str(empty))
+
+
 def test_an_unusable_key_file_is_a_settings_error_that_shows_no_key(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="cannot be read"):
         gateway_settings(api_keys_file=str(tmp_path / "absent"))
