@@ -558,11 +558,21 @@ def _encoding(value: object) -> Encoding:
     return Encoding(text)
 
 
-def _direction(value: object) -> str:
-    text = _str(value)
-    if text not in TRUNCATION_DIRECTIONS:
-        raise _MistypedError(f"must be one of {', '.join(TRUNCATION_DIRECTIONS)}")
-    return text
+def _one_of(choices: tuple[str, ...]) -> Callable[[object], str]:
+    """The check of a string field that must be one of ``choices`` (exact)."""
+
+    def check(value: object) -> str:
+        text = _str(value)
+        if text not in choices:
+            raise _MistypedError(f"must be one of {', '.join(choices)}")
+        return text
+
+    return check
+
+
+_direction = _one_of(TRUNCATION_DIRECTIONS)
+_kind = _one_of(REQUEST_KINDS)
+_chunk_pooling = _one_of(CHUNK_POOLINGS)
 
 
 def _code(value: str) -> ErrorCode | str:
@@ -597,13 +607,6 @@ def _inputs(value: object) -> tuple[str, ...]:
         if not item:
             raise _MistypedError(f"[{index}] must not be empty", index)
     return tuple(value)
-
-
-def _kind(value: object) -> str:
-    text = _str(value)
-    if text not in REQUEST_KINDS:
-        raise _MistypedError(f"must be one of {', '.join(REQUEST_KINDS)}")
-    return text
 
 
 def _str_list(value: object) -> tuple[str, ...]:
@@ -641,13 +644,6 @@ def _chunking(value: object) -> Chunking:
     if problem is not None:
         _fail(problem)
     return Chunking(value["max_tokens"], overlap)
-
-
-def _chunk_pooling(value: object) -> str:
-    text = _str(value)
-    if text not in CHUNK_POOLINGS:
-        raise _MistypedError(f"must be one of {', '.join(CHUNK_POOLINGS)}")
-    return text
 
 
 def _chunk_counts(value: object) -> tuple[int, ...]:

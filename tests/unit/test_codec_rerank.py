@@ -6,7 +6,6 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -24,18 +23,10 @@ from schemas import (
     encode_request,
     encode_result,
 )
+from tests.unit.test_codec import pack, unpack
 
 texts = st.text(min_size=1, max_size=12).filter(lambda t: t.encode("utf-8", "surrogatepass"))
 utf8 = st.text(min_size=1, max_size=12, alphabet=st.characters(blacklist_categories=["Cs"]))
-
-
-def pack(value: object) -> bytes:
-    packed: bytes = msgpack.packb(value, use_bin_type=True)
-    return packed
-
-
-def unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False)
 
 
 @st.composite
