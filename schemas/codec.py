@@ -153,6 +153,7 @@ def encode_result(result: Result) -> bytes:
     if isinstance(result, EmbedResult):
         _put(body, "chunks", None if result.chunks is None else list(result.chunks))
         _put(body, "spans", None if result.spans is None else [list(s) for s in result.spans])
+        _put(body, "chunk_pooling", result.chunk_pooling)
     return _pack(body)
 
 
@@ -250,6 +251,9 @@ def decode_result(data: bytes) -> Result:
     spans = _optional(body, "spans", _spans)
     if chunks is not None or spans is not None:
         _check_chunks(chunks, spans, len(tokens))
+    chunk_pooling = _optional(body, "chunk_pooling", _chunk_pooling)
+    if chunk_pooling is not None:
+        _check_pooling(chunk_pooling, chunks, len(tokens))
     return EmbedResult(
         requested_ms=_optional(body, "requested_ms", _non_negative),
         id=result_id,
@@ -263,7 +267,17 @@ def decode_result(data: bytes) -> Result:
         scales=scales,
         chunks=chunks,
         spans=spans,
+        chunk_pooling=chunk_pooling,
     )
+
+
+def _check_pooling(pooling: str, chunks: tuple[int, ...] | None, rows: int) -> None:
+    """A result's ``chunk_pooling`` comes with ``chunks``, and says how many vectors."""
+    if chunks is None:
+        _fail("'chunk_pooling' needs 'chunks' and 'spans'")
+    expected = sum(chunks) if pooling == "none" else len(chunks)
+    if rows != expected:
+        _fail(f"{rows} vectors with 'chunk_pooling' {pooling!r}: expected {expected}")
 
 
 def _rerank_result(body: dict[str, Any], result_id: str, meta: Any) -> RerankResult:

@@ -134,6 +134,9 @@ class EmbedResult:
     spans: tuple[Span, ...] | None = None
     """With ``chunking``: per chunk (inputs in order), its ``[start, end)`` code-point
     offsets into the input as sent."""
+    chunk_pooling: str | None = None
+    """With ``chunking``: the request's ``chunk_pooling`` (``none``: one vector per chunk,
+    ``mean``: one per input); None from a worker that predates it."""
 
     @property
     def count(self) -> int:

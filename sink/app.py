@@ -477,7 +477,7 @@ class Sink:
                     await self._upsert(result.rows)
                     written.append((record, result))
                 except RowsRefusedError as one:
-                    dead.append((record, _refused_by_db(result, str(one))))
+                    dead.append((record, _refused_by_db(result, one)))
         self._metrics.write_seconds.observe(time.monotonic() - started)
         for _, result in written:
             self._metrics.rows.labels(self._store.name).inc(len(result.rows))
@@ -569,10 +569,10 @@ def _mismatch(result: RowsOf, dim: int | None) -> Refused:
     )
 
 
-def _refused_by_db(result: RowsOf, reason: str) -> Refused:
+def _refused_by_db(result: RowsOf, error: RowsRefusedError) -> Refused:
     return Refused(
-        WRITE_REFUSED,
-        reason,
+        error.code,
+        str(error),
         request_id=result.request_id,
         keys=tuple(row.id for row in result.rows),
     )

@@ -89,10 +89,28 @@ _STAGING = "kembed_sink_staging"
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)
 _FIELDS = struct.pack(">h", 5)  # id, vector, metadata, model, requested_ms
-_FIELDS_DOC = struct.pack(">h", 6)  # the same, then doc_key (NULL for a row per input)
+_FIELDS_IDENTITY = struct.pack(">h", 7)  # the same, then doc_key, chunk_index (or NULL)
 _NULL = struct.pack(">i", -1)
 _BIGINT = struct.pack(">i", 8)
 _JSONB_VERSION = b"\x01"  # jsonb's binary form: a version byte, then the JSON text
+# Write failures by SQLSTATE class (its first two characters). Refused: the data cannot be
+# written, ever (the result goes to the dead-letter topic with this code, the next ones are
+# written). Transient: connection (08), resources (53: retried for write_retry_s, then the
+# sink exits), operator intervention such as a shutdown (57), system errors (58) and
+# transaction rollbacks, serialization failures and deadlocks (40). Anything else, and the
+# states in _FATAL, is the target's configuration: the sink exits with status 2.
+_REFUSED = {
+    "22": "invalid_value",  # data exception: a value the column or type cannot hold
+    "23": "constraint_violation",  # integrity: a constraint of the table refuses the row
+    "42": "statement_refused",  # syntax or access rule, for this data
+    "54": "limit_exceeded",  # program limit: an index row, a value, too large
+}
+_TRANSIENT = {"08", "40", "53", "57", "58"}
+_FATAL = {
+    "42501": "not allowed to write the table",
+    "42P01": "the table is gone",
+    "42703": "the table lacks a column",
+}
 MIN_WRITER_ROWS = 256
 """A batch is split between writers only into parts of at least this many rows."""
 
@@ -250,14 +268,8 @@ class PostgresStore:
         if existing is not None:
             if existing != dim:
                 raise DimensionMismatchError(self._table_name, existing, dim, "the results have")
-            with conn.transaction():  # a table made before rows had versions, or chunks
-                conn.execute(
-                    sql.SQL(
-                        "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "
-                        "requested_ms bigint NOT NULL DEFAULT 0"
-                    ).format(table=self._table)
-                )
-                conn.execute(self._doc_index_statement())
+            with conn.transaction():  # a table made before rows had versions, or documents
+                self._migrate(conn)
             return
         with conn.transaction():
             conn.execute(
@@ -268,10 +280,13 @@ class PostgresStore:
                     "metadata jsonb NOT NULL DEFAULT '{{}}'::jsonb, "
                     "model text NOT NULL, "
                     "requested_ms bigint NOT NULL DEFAULT 0, "
-                    "updated_at timestamptz NOT NULL DEFAULT now())"
+                    "updated_at timestamptz NOT NULL DEFAULT now(), "
+                    "doc_key text NOT NULL, "
+                    "chunk_index integer)"
                 ).format(table=self._table, dim=sql.Literal(dim))
             )
             conn.execute(self._doc_index_statement())
+            conn.execute(self._documents_statement())
             if dim <= HNSW_MAX_DIM and self._index_after:
                 # Bulk mode: the index is built once the load is done; the table says which.
                 conn.execute(
@@ -297,6 +312,84 @@ class PostgresStore:
             index="after the load" if self._index_after else "hnsw",
         )
 
+    def _migrate(self, conn: psycopg.Connection[Any]) -> None:
+        """Bring a table made by an older sink to this shape: ``requested_ms`` (0 for its
+        rows), the identity columns ``doc_key`` and ``chunk_index`` (filled in once: a row
+        whose id is ``{metadata.doc_key}#{metadata.chunk_index}`` is that chunk, any other
+        row its own document), their index, and the documents table (each document at its
+        rows' newest version). The former index on ``metadata->>'doc_key'`` is dropped."""
+        table = self._table
+        conn.execute(
+            sql.SQL(
+                "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "
+                "requested_ms bigint NOT NULL DEFAULT 0"
+            ).format(table=table)
+        )
+        regclass = table.as_string(conn)
+        has_identity = conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+            "AND attname = 'doc_key' AND NOT attisdropped",
+            [regclass],
+        ).fetchone()
+        if not has_identity:
+            log.info("sink.table_migrating", table=self._table_name, to="documents")
+            conn.execute(
+                sql.SQL(
+                    "ALTER TABLE {table} ADD COLUMN doc_key text, ADD COLUMN chunk_index integer"
+                ).format(table=table)
+            )
+            chunk = (
+                "coalesce(jsonb_typeof(metadata->'chunk_index') = 'number' "
+                "AND (metadata->>'chunk_index') ~ '^[0-9]{1,9}$' AND metadata ? 'doc_key' "
+                "AND id = (metadata->>'doc_key') || '#' || (metadata->>'chunk_index'), false)"
+            )
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {table} SET doc_key = CASE WHEN {chunk} THEN metadata->>'doc_key' "
+                    "ELSE id END, chunk_index = CASE WHEN {chunk} THEN "
+                    "(metadata->>'chunk_index')::integer END"
+                ).format(table=table, chunk=sql.SQL(chunk))
+            )
+            conn.execute(
+                sql.SQL("ALTER TABLE {table} ALTER COLUMN doc_key SET NOT NULL").format(table=table)
+            )
+            old_index = sql.Identifier(
+                *self._table_name.split(".")[:-1], f"{self._base_name()}_doc_key"[:63]
+            )
+            conn.execute(sql.SQL("DROP INDEX IF EXISTS {index}").format(index=old_index))
+        conn.execute(self._doc_index_statement())
+        conn.execute(self._documents_statement())
+        if not has_identity:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {documents} (doc_key, requested_ms, request_id, chunks) "
+                    "SELECT doc_key, max(requested_ms), '', "
+                    "CASE WHEN bool_or(chunk_index IS NOT NULL) THEN count(*)::integer END "
+                    "FROM {table} GROUP BY doc_key ON CONFLICT (doc_key) DO NOTHING"
+                ).format(documents=self._documents_table, table=table)
+            )
+
+    def _base_name(self) -> str:
+        return self._table_name.split(".")[-1]
+
+    def _derived_name(self, suffix: str) -> str:
+        """A name made from the table's and ``suffix``, within PostgreSQL's 63 bytes (the
+        table's part is cut, so two suffixes never give one name)."""
+        base = self._base_name().encode("utf-8")[: 63 - len(suffix)]
+        return base.decode("utf-8", "ignore") + suffix
+
+    @property
+    def _documents_table(self) -> sql.Identifier:
+        """The documents table: one row per document key, its version and form."""
+        *schema, _ = self._table_name.split(".")
+        return sql.Identifier(*schema, self._derived_name("_documents"))
+
+    def _documents_statement(self) -> sql.Composed:
+        return sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {documents} (doc_key text PRIMARY KEY, "
+            "requested_ms bigint NOT NULL, request_id text NOT NULL, chunks integer)"
+        ).format(documents=self._documents_table)
+
     def _index_statement(self, ops: str) -> sql.Composed:
         m, ef_construction = self._hnsw
         return sql.SQL(
@@ -311,12 +404,11 @@ class PostgresStore:
         )
 
     def _doc_index_statement(self) -> sql.Composed:
-        """The partial index that finds a document's chunk rows (few rows per key)."""
-        name = f"{self._table_name.split('.')[-1]}_doc_key"[:63]
-        return sql.SQL(
-            "CREATE INDEX IF NOT EXISTS {index} ON {table} ((metadata->>'doc_key')) "
-            "WHERE metadata ? 'doc_key'"
-        ).format(index=sql.Identifier(name), table=self._table)
+        """The index that finds a document's rows (one, or a few chunks, per key)."""
+        name = self._derived_name("_doc_key_idx")
+        return sql.SQL("CREATE INDEX IF NOT EXISTS {index} ON {table} (doc_key)").format(
+            index=sql.Identifier(name), table=self._table
+        )
 
     def pending_index(self) -> str | None:
         """The operator class of the HNSW index a bulk load left to build, if any."""
@@ -360,26 +452,24 @@ class PostgresStore:
     # ------------------------------------------------------------------ writing
 
     def upsert(self, rows: Sequence[Row]) -> None:
-        # One row per id: INSERT ... ON CONFLICT may not touch a row twice in one command,
-        # and writers must hold disjoint ids. The sink hands over a batch deduplicated this
-        # way already; the results it writes one by one (to find a refused one) may repeat
-        # a key within a result.
+        # One version per document, one row per id: INSERT ... ON CONFLICT may not touch a
+        # row twice in one command, and writers must hold disjoint documents. The sink
+        # hands over a batch reduced this way already; the results it writes one by one
+        # (to find a refused one) may repeat a key within a result.
         unique = newest(rows)
-        docs = _documents(unique)
         parts = max(1, min(len(self._extra) + 1, len(unique) // MIN_WRITER_ROWS))
         if parts == 1:
-            self._write(0, unique, docs)
+            self._write(0, unique)
             return
-        size = -(-len(unique) // parts)
+        shares = _by_document(unique, parts)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(len(self._extra), thread_name_prefix="kembed-pg")
         futures: list[Future[None]] = [
-            self._pool.submit(self._write, writer, unique[writer * size : (writer + 1) * size])
-            for writer in range(1, parts)
+            self._pool.submit(self._write, writer, shares[writer]) for writer in range(1, parts)
         ]
         errors: list[BaseException] = []
         try:
-            self._write(0, unique[:size], docs)
+            self._write(0, shares[0])
         except Exception as exc:  # noqa: BLE001 (weighed with the other writers' below)
             errors.append(exc)
         for future in futures:
@@ -392,52 +482,72 @@ class PostgresStore:
             errors.sort(key=_severity)
             raise errors[0]
 
-    def _write(self, writer: int, rows: Sequence[Row], docs: _Documents | None = None) -> None:
-        """One transaction on one writer's connection: COPY ``rows`` into the staging
-        table, move them into the table under the version rule, and remove the chunks
-        ``docs`` no longer have."""
+    def _write(self, writer: int, rows: Sequence[Row]) -> None:
+        """One transaction on one writer's connection: claim the rows' documents in the
+        documents table (in key order, each under its row lock until the commit: a
+        document is written by one transaction at a time, whichever sink runs it), then,
+        for the documents whose stored version is older than the batch's, replace all
+        their rows (of either form) by the batch's. A document whose stored version is
+        the same or newer is left alone (a replay, or a result processed late)."""
+        if not rows:
+            return
+        claim = sql.SQL(
+            "INSERT INTO {documents} AS d (doc_key, requested_ms, request_id, chunks) "
+            "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::integer[]) "
+            "ORDER BY 1 "
+            "ON CONFLICT (doc_key) DO UPDATE SET requested_ms = EXCLUDED.requested_ms, "
+            "request_id = EXCLUDED.request_id, chunks = EXCLUDED.chunks "
+            "WHERE (d.requested_ms, d.request_id) < (EXCLUDED.requested_ms, EXCLUDED.request_id) "
+            "RETURNING doc_key"
+        ).format(documents=self._documents_table)
+        remove = sql.SQL("DELETE FROM {table} WHERE doc_key = ANY(%s::text[])").format(
+            table=self._table
+        )
         move = sql.SQL(
-            "INSERT INTO {table} AS t (id, vector, metadata, model, requested_ms, updated_at) "
-            "SELECT id, vector, metadata, model, requested_ms, now() FROM {staging} s "
-            "WHERE s.doc_key IS NULL OR NOT EXISTS (SELECT 1 FROM {table} o "
-            "WHERE o.metadata ? 'doc_key' AND o.metadata->>'doc_key' = s.doc_key "
-            "AND o.metadata ? 'chunk_index' AND o.requested_ms > s.requested_ms) "
+            "INSERT INTO {table} AS t "
+            "(id, vector, metadata, model, requested_ms, updated_at, doc_key, chunk_index) "
+            "SELECT id, vector, metadata, model, requested_ms, now(), doc_key, chunk_index "
+            "FROM {staging} WHERE doc_key = ANY(%s::text[]) "
             "ON CONFLICT (id) DO UPDATE SET vector = EXCLUDED.vector, "
             "metadata = EXCLUDED.metadata, model = EXCLUDED.model, "
-            "requested_ms = EXCLUDED.requested_ms, updated_at = EXCLUDED.updated_at "
-            "WHERE t.requested_ms < EXCLUDED.requested_ms "
-            "OR (t.requested_ms = EXCLUDED.requested_ms "
-            "AND (t.vector, t.metadata, t.model) IS DISTINCT FROM "
-            "(EXCLUDED.vector, EXCLUDED.metadata, EXCLUDED.model))"
+            "requested_ms = EXCLUDED.requested_ms, updated_at = EXCLUDED.updated_at, "
+            "doc_key = EXCLUDED.doc_key, chunk_index = EXCLUDED.chunk_index"
         ).format(table=self._table, staging=sql.Identifier(_STAGING))
         copy = sql.SQL(
-            "COPY {staging} (id, vector, metadata, model, requested_ms, doc_key) FROM STDIN "
-            "WITH (FORMAT BINARY)"
+            "COPY {staging} (id, vector, metadata, model, requested_ms, doc_key, chunk_index) "
+            "FROM STDIN WITH (FORMAT BINARY)"
         ).format(staging=sql.Identifier(_STAGING))
-        # Chunks k >= n of each document, unless a newer version wrote them.
-        stale = sql.SQL(
-            "DELETE FROM {table} AS t USING unnest(%s::text[], %s::int[], %s::bigint[]) "
-            "AS d(doc_key, chunks, requested_ms) "
-            "WHERE t.metadata ? 'doc_key' AND t.metadata->>'doc_key' = d.doc_key "
-            "AND jsonb_typeof(t.metadata->'chunk_index') = 'number' "
-            "AND t.metadata->'chunk_index' >= to_jsonb(d.chunks) "
-            "AND t.requested_ms <= d.requested_ms"
-        ).format(table=self._table)
-        data = copy_data(rows, doc_key=True)
+        documents = _documents(rows)
+        data = copy_data(rows, identity=True)
         try:
             conn = self._writer_connection(writer)
             self._ensure_staging(writer, conn)
             with conn.transaction(), conn.cursor() as cursor:
-                with cursor.copy(copy) as pipe:
-                    pipe.write(data)
-                cursor.execute(move)
-                if docs:
-                    cursor.execute(stale, docs.columns())
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                cursor.execute(claim, documents.columns())
+                won = [key for (key,) in cursor.fetchall()]
+                if won:
+                    cursor.execute(remove, [won])
+                    with cursor.copy(copy) as pipe:
+                        pipe.write(data)
+                    cursor.execute(move, [won])
+        except psycopg.Error as exc:
+            raise self._classified(writer, exc) from None
+
+    def _classified(self, writer: int, exc: psycopg.Error) -> Exception:
+        """The store's error for a failed write, by SQLSTATE class (see ``_REFUSED``)."""
+        state = exc.sqlstate or ""
+        refused = _REFUSED.get(state[:2])
+        if refused is None and not state and isinstance(exc, psycopg.DataError):
+            refused = _REFUSED["22"]  # refused by psycopg itself, before the server
+        if state in _FATAL:
+            return TargetError(self._describe(_FATAL[state], exc))
+        if refused is not None:
+            return RowsRefusedError(self._describe("rows refused", exc), code=refused)
+        lost = isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+        if state[:2] in _TRANSIENT or (lost and not state):
             self._close_writer(writer)  # reconnect on the next try
-            raise TransientWriteError(self._describe("write failed", exc)) from None
-        except psycopg.DataError as exc:
-            raise RowsRefusedError(self._describe("rows refused", exc)) from None
+            return TransientWriteError(self._describe("write failed", exc))
+        return TargetError(self._describe("write failed", exc))
 
     def _ensure_staging(self, writer: int, conn: psycopg.Connection[Any]) -> None:
         """The connection's staging table: an unconstrained ``vector`` column, so a vector
@@ -449,7 +559,8 @@ class PostgresStore:
             sql.SQL(
                 "CREATE TEMPORARY TABLE IF NOT EXISTS {staging} (id text NOT NULL, "
                 "vector vector NOT NULL, metadata jsonb NOT NULL, model text NOT NULL, "
-                "requested_ms bigint NOT NULL, doc_key text) ON COMMIT DELETE ROWS"
+                "requested_ms bigint NOT NULL, doc_key text NOT NULL, chunk_index integer) "
+                "ON COMMIT DELETE ROWS"
             ).format(staging=sql.Identifier(_STAGING))
         )
         self._staging_on[writer] = conn
@@ -465,33 +576,55 @@ def _severity(error: BaseException) -> int:
     return 1 if isinstance(error, TransientWriteError) else 0
 
 
-class _Documents(dict[str, tuple[int, int]]):
-    """The chunked documents of a batch: doc_key -> (its chunk count, its version)."""
+class _Documents(dict[str, tuple[int, str, int | None]]):
+    """The documents of a batch: doc_key -> (its version: requested_ms and request id,
+    its chunk count; None for a row per input)."""
 
-    def columns(self) -> tuple[list[str], list[int], list[int]]:
-        keys = list(self)
-        return keys, [self[k][0] for k in keys], [self[k][1] for k in keys]
+    def columns(self) -> tuple[list[str], list[int], list[str], list[int | None]]:
+        keys = sorted(self)
+        return (
+            keys,
+            [self[k][0] for k in keys],
+            [self[k][1] for k in keys],
+            [self[k][2] for k in keys],
+        )
 
 
 def _documents(rows: Sequence[Row]) -> _Documents:
-    """Each chunked document of ``rows`` (of one version each, after ``newest``)."""
+    """Each document of ``rows`` (of one version each, after ``newest``)."""
     docs = _Documents()
     for row in rows:
-        if row.doc_key is not None:
-            docs[row.doc_key] = max(docs.get(row.doc_key, (0, 0)), (row.chunks, row.requested_ms))
+        chunks = row.chunks if row.chunk_index is not None else None
+        docs[row.document] = (row.requested_ms, row.request_id, chunks)
     return docs
 
 
-def copy_data(rows: Sequence[Row], *, doc_key: bool = False) -> bytes:
+def _by_document(rows: Sequence[Row], parts: int) -> list[list[Row]]:
+    """``rows`` in ``parts`` shares of about equal size, each document's rows in one."""
+    by_doc: dict[str, list[Row]] = {}
+    for row in rows:
+        by_doc.setdefault(row.document, []).append(row)
+    size = -(-len(rows) // parts)
+    shares: list[list[Row]] = [[] for _ in range(parts)]
+    share = 0
+    for doc_rows in by_doc.values():
+        if len(shares[share]) >= size and share < parts - 1:
+            share += 1
+        shares[share].extend(doc_rows)
+    return shares
+
+
+def copy_data(rows: Sequence[Row], *, identity: bool = False) -> bytes:
     """``rows`` in PostgreSQL's binary COPY format, for the columns (id text, vector
-    vector, metadata jsonb, model text, requested_ms bigint), then (``doc_key``) doc_key
-    text, NULL for a row that is not a chunk. A vector is pgvector's binary
+    vector, metadata jsonb, model text, requested_ms bigint), then (``identity``) doc_key
+    text and chunk_index integer (NULL for a row per input). A vector is pgvector's binary
     form: its dimension and a zero (two int16), then its float32 values, all big-endian;
     the values are the row's float32 values bit for bit."""
     parts = [_COPY_HEADER]
     append = parts.append
     pack_len = struct.Struct(">i").pack
     pack_bigint = struct.Struct(">q").pack
+    pack_int = struct.Struct(">ii").pack
     pack_dim = struct.Struct(">ihh").pack
     for row in rows:
         key = row.id.encode("utf-8")
@@ -499,7 +632,7 @@ def copy_data(rows: Sequence[Row], *, doc_key: bool = False) -> bytes:
         metadata = _JSONB_VERSION + json.dumps(row.metadata).encode("utf-8")
         model = row.model.encode("utf-8")
         dim = len(values) // 4
-        append(_FIELDS_DOC if doc_key else _FIELDS)
+        append(_FIELDS_IDENTITY if identity else _FIELDS)
         append(pack_len(len(key)))
         append(key)
         append(pack_dim(4 + len(values), dim, 0))
@@ -510,12 +643,10 @@ def copy_data(rows: Sequence[Row], *, doc_key: bool = False) -> bytes:
         append(model)
         append(_BIGINT)
         append(pack_bigint(row.requested_ms))
-        if doc_key and row.doc_key is None:
-            append(_NULL)
-        elif doc_key:
-            assert row.doc_key is not None
-            document = row.doc_key.encode("utf-8")
+        if identity:
+            document = row.document.encode("utf-8")
             append(pack_len(len(document)))
             append(document)
+            append(_NULL if row.chunk_index is None else pack_int(4, row.chunk_index))
     append(_COPY_TRAILER)
     return b"".join(parts)

@@ -28,6 +28,7 @@ from schemas import EmbedResult, Encoding, ErrorResult, RerankResult, SchemaErro
 __all__ = [
     "CHUNK_POOLING_KEY",
     "DOCS_KEY",
+    "KEY_SEPARATOR",
     "MAX_ID_BYTES",
     "Refused",
     "Row",
@@ -66,10 +67,25 @@ class Row:
     """The row's version: when its request was produced (the result's ``requested_ms``,
     else the result record's timestamp). A store never replaces a row by an older one."""
     doc_key: str | None = None
-    """For a chunk row: its document's key (as text); None for a row per input."""
+    """The row's document: the request's key as text (None: the row's ``id``). A row per
+    input is its document's only row; a chunk row is one of its document's rows."""
     chunks: int = 0
-    """For a chunk row: how many chunks its document has in this version (a store removes
-    the document's rows of a higher ``chunk_index`` that are not newer); 0 otherwise."""
+    """For a chunk row: how many chunks its document has in this version; 0 otherwise."""
+    chunk_index: int | None = None
+    """For a chunk row: its chunk's index (from 0); None for a row per input."""
+    request_id: str = ""
+    """The request that produced the row: of two versions with the same ``requested_ms``
+    the one with the larger request id wins, for all of a document's rows."""
+
+    @property
+    def document(self) -> str:
+        """The row's document key (its ``doc_key``, else its ``id``)."""
+        return self.id if self.doc_key is None else self.doc_key
+
+    @property
+    def version(self) -> tuple[int, str]:
+        """What orders two versions of a document: ``(requested_ms, request_id)``."""
+        return (self.requested_ms, self.request_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +146,12 @@ def _rows(result: EmbedResult, keys: tuple[str, ...], version: int) -> RowsOf | 
         return refuse(MISSING_KEYS, "the result has no keys: rows need ids (send keys=...)")
     meta = dict(result.meta or {})
     per_chunk = _per_chunk(result, meta.pop(CHUNK_POOLING_KEY, None) == "mean")
+    if any(KEY_SEPARATOR in key for key in keys):
+        return refuse(
+            INVALID_KEY,
+            f"a key holds {KEY_SEPARATOR!r}, which separates a document's key from its chunk "
+            "index in row ids: use keys without it",
+        )
     inputs = len(result.chunks) if result.chunks is not None else result.count
     if len(keys) != inputs:
         return refuse(INVALID_RESULT, f"{len(keys)} keys for {inputs} inputs")
@@ -159,13 +181,24 @@ def _rows(result: EmbedResult, keys: tuple[str, ...], version: int) -> RowsOf | 
         rows = _chunk_rows(result, keys, docs, shared, vectors, version)
     else:
         rows = [
-            Row(key, vectors[index], _metadata(shared, docs, index), result.model, version)
+            Row(
+                key,
+                vectors[index],
+                _metadata(shared, docs, index),
+                result.model,
+                version,
+                doc_key=key,
+                request_id=result.id,
+            )
             for index, key in enumerate(keys)
         ]
     return RowsOf(result.id, result.model, result.dim, str(result.dtype), rows)
 
 
-_CHUNK_SUFFIX_BYTES = 1  # "#", then the chunk index's digits
+KEY_SEPARATOR = "#"
+"""Chunk ``k`` of key ``a`` is row ``a#k``: a key holding it is refused (``invalid_key``),
+so a row id names one (document, chunk) and nothing else."""
+_CHUNK_SUFFIX_BYTES = len(KEY_SEPARATOR)  # then the chunk index's digits
 
 
 def _metadata(shared: dict[str, Any], docs: list[Any] | None, index: int) -> dict[str, Any]:
@@ -180,10 +213,13 @@ def _metadata(shared: dict[str, Any], docs: list[Any] | None, index: int) -> dic
 
 
 def _per_chunk(result: EmbedResult, pooled: bool) -> bool:
-    """Whether a result holds one vector per chunk (else one per input). Told by the counts;
-    when every input is one chunk they agree, and the producer's ``meta`` says ``mean``."""
+    """Whether a result holds one vector per chunk (else one per input). The result says
+    (``chunk_pooling``); from a worker that predates it, told by the counts: when every
+    input is one chunk they agree, and the producer's ``meta`` says ``mean``."""
     if result.chunks is None:
         return False
+    if result.chunk_pooling is not None:
+        return result.chunk_pooling == "none"
     chunks = sum(result.chunks)
     if result.count != chunks or len(result.spans or ()) != chunks:
         return False
@@ -224,6 +260,8 @@ def _chunk_rows(
                     version,
                     doc_key=key,
                     chunks=count,
+                    chunk_index=chunk,
+                    request_id=result.id,
                 )
             )
             position += 1
@@ -231,28 +269,23 @@ def _chunk_rows(
 
 
 def newest(rows: Iterable[Row]) -> list[Row]:
-    """One row per id: the newest version of it (the largest ``requested_ms``), whatever
-    the order of ``rows``; of equal versions the last (a replay, or a later offset). A batch
-    can hold two versions of a key, the older from another partition polled after the newer:
-    a store that never replaces a row by an older one must be handed the newer.
-
-    Chunk rows go by document: only the chunks of a document's newest version are kept (an
-    older, longer version's extra chunks would otherwise come back to life)."""
+    """The rows of each document's newest version, one per id, whatever the order of
+    ``rows``. Versions are ordered by ``(requested_ms, request_id)``, so two results with
+    the same ``requested_ms`` never mix: all of a document's rows come from one of them. Of
+    rows with one id and one version the last is kept (a replay, or a later offset). A
+    batch can hold two versions of a document, the older from another partition polled
+    after the newer: a store that never replaces a document by an older version must be
+    handed the newer, and only it (an older, longer version's extra chunks, or its other
+    form, would otherwise come back)."""
     latest: dict[str, Row] = {}
-    doc_version: dict[str, int] = {}
+    doc_version: dict[str, tuple[int, str]] = {}
     for row in rows:
-        seen = latest.get(row.id)
-        if seen is None or seen.requested_ms <= row.requested_ms:
+        seen = doc_version.get(row.document)
+        if seen is None or seen <= row.version:
+            doc_version[row.document] = row.version
+        if seen is None or seen <= row.version or row.id not in latest:
             latest[row.id] = row
-        if row.doc_key is not None:
-            doc_version[row.doc_key] = max(doc_version.get(row.doc_key, 0), row.requested_ms)
-    if not doc_version:
-        return list(latest.values())
-    return [
-        row
-        for row in latest.values()
-        if row.doc_key is None or row.requested_ms >= doc_version[row.doc_key]
-    ]
+    return [row for row in latest.values() if row.version == doc_version[row.document]]
 
 
 def float_vectors(result: EmbedResult) -> npt.NDArray[np.float32]:

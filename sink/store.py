@@ -52,7 +52,13 @@ class TransientWriteError(Exception):
 
 class RowsRefusedError(Exception):
     """The database refused the data of this batch for good (say, a value it cannot store):
-    nothing was written; the sink writes the batch result by result to find the culprit."""
+    nothing was written; the sink writes the batch result by result to find the culprit,
+    and dead-letters it with ``code`` (what kind of refusal: ``invalid_value``,
+    ``limit_exceeded``, ...; ``write_refused`` when the database does not say)."""
+
+    def __init__(self, message: str, code: str = "write_refused") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class VectorStore(Protocol):

@@ -115,6 +115,7 @@ def encode_vectors(
         requested_ms=requested_ms if requested_ms else None,  # 0: no timestamp known
         chunks=chunked.chunks if chunked else None,
         spans=chunked.spans if chunked else None,
+        chunk_pooling=chunked.chunk_pooling if chunked else None,
     )
     return within_limit(
         encode_result(result),

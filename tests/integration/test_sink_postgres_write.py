@@ -64,8 +64,8 @@ def _rows(count: int, version: int, seed: int, prefix: str = "doc") -> list[Row]
 def _old_upsert(conn: psycopg.Connection[Any], table: str, rows: list[Row]) -> None:
     """The former write path, the reference: executemany of pgvector text literals."""
     statement = sql.SQL(
-        "INSERT INTO {table} (id, vector, metadata, model, requested_ms, updated_at) "
-        "VALUES (%s, %s::vector, %s, %s, %s, now()) "
+        "INSERT INTO {table} (id, vector, metadata, model, requested_ms, updated_at, doc_key) "
+        "VALUES (%s, %s::vector, %s, %s, %s, now(), %s) "
         "ON CONFLICT (id) DO UPDATE SET vector = EXCLUDED.vector, "
         "metadata = EXCLUDED.metadata, model = EXCLUDED.model, "
         "requested_ms = EXCLUDED.requested_ms, updated_at = EXCLUDED.updated_at "
@@ -78,7 +78,7 @@ def _old_upsert(conn: psycopg.Connection[Any], table: str, rows: list[Row]) -> N
         cursor.executemany(
             statement,
             [
-                (row.id, text, Jsonb(row.metadata), row.model, row.requested_ms)
+                (row.id, text, Jsonb(row.metadata), row.model, row.requested_ms, row.id)
                 for row, text in zip(rows, literal, strict=True)
             ],
         )
@@ -151,8 +151,11 @@ def test_an_older_row_never_replaces_a_newer_one_and_replays_are_idempotent(
         assert _table(conn, "write_versions") == before
         # Left alone: no new row version (no HNSW insert), updated_at unchanged.
         assert _row_versions(conn, "write_versions") == versions
-        # The same version with other content (the later of equal versions wins) is written.
-        changed = [replace(row, metadata={"n": -1}) for row in newer[:5]]
+        # The same requested_ms from another request: the larger request id wins (the
+        # tie-break), whichever is written first; the same request again changes nothing.
+        changed = [replace(row, metadata={"n": -1}, request_id="r2") for row in newer[:5]]
+        store.upsert(changed)
+        store.upsert([replace(row, request_id="r1") for row in newer[:5]])
         store.upsert(changed)
         after = _row_versions(conn, "write_versions")
         assert {k for k in after if after[k] != versions[k]} == {r.id for r in changed}

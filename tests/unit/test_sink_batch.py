@@ -262,15 +262,15 @@ async def test_unit_vectors_get_an_inner_product_index_and_binary_is_refused() -
 async def test_the_newest_version_of_a_key_wins_inside_one_batch(newer_first: bool) -> None:
     """Two versions of a key in one poll, from two partitions, in either order: the store
     is handed the newer (larger requested_ms) only, so its never-older rule can keep it;
-    both partitions' offsets are committed. A key seen twice in one version (a replay)
-    keeps the later row."""
+    both partitions' offsets are committed. A key seen twice with one requested_ms keeps
+    the row of the larger request id (the tie-break), whatever the order."""
     log = Log()
     store = FakeStore(log, dim=3)
     sink, _, metrics = make_sink(store, log)
     newer = record(7, vectors_result("new", ("a", "b"), 0.5, requested_ms=2_000), partition=1)
     older = record(4, vectors_result("old", ("a", "c"), 0.25, requested_ms=1_000), partition=0)
-    replay = record(8, vectors_result("again", ("b",), 0.75, requested_ms=2_000), partition=1)
-    await sink._batch([newer, older, replay] if newer_first else [older, newer, replay])
+    tie = record(8, vectors_result("new-tie", ("b",), 0.75, requested_ms=2_000), partition=1)
+    await sink._batch([newer, older, tie] if newer_first else [older, tie, newer])
     assert [sorted(ids) for call, ids in log.calls if call == "upsert"] == [["a", "b", "c"]]
     assert store.rows["a"].requested_ms == 2_000
     assert store.rows["a"].vector.tolist() == [1.0, 0.5, 0.5]

@@ -68,7 +68,7 @@ def test_a_mean_pooled_chunked_result_is_one_row_per_key() -> None:
     assert isinstance(outcome, RowsOf)
     assert [row.id for row in outcome.rows] == ["a", "7"]
     assert outcome.rows[0].metadata == {"source": "s", "title": "A", "chunk_index": "mine"}
-    assert [(row.doc_key, row.chunks) for row in outcome.rows] == [(None, 0), (None, 0)]
+    assert [(row.doc_key, row.chunk_index) for row in outcome.rows] == [("a", None), ("7", None)]
 
 
 @pytest.mark.parametrize(("pooled", "ids"), [(False, ["a#0", "7#0"]), (True, ["a", "7"])])
@@ -107,8 +107,9 @@ def test_inconsistent_chunked_results_are_refused(fields: dict[str, object]) -> 
 
 
 def test_newest_keeps_only_the_chunks_of_a_documents_newest_version() -> None:
-    """A batch with a newer, shorter version of "a" (1 chunk) and an older, longer one (3):
-    only the newer one's chunk stays, or the older's chunks 1 and 2 would come back."""
+    """A batch with a newer, shorter version of "a" (1 chunk), an older, longer one (3) and
+    a still older unchunked row "a": only the newer one's chunk stays, or the older's chunks
+    1 and 2 (or its other form) would come back."""
 
     def chunk(key: str, index: int, chunks: int, version: int) -> Row:
         vector = np.zeros(3, np.float32)
@@ -117,21 +118,18 @@ def test_newest_keeps_only_the_chunks_of_a_documents_newest_version() -> None:
     rows = [chunk("a", 0, 1, 20)] + [chunk("a", k, 3, 10) for k in range(3)]
     rows += [chunk("b", 0, 1, 5), Row("a", np.zeros(3, np.float32), {}, "m", 1)]
     kept = newest(rows)
-    assert sorted((row.id, row.requested_ms) for row in kept) == [
-        ("a", 1),
-        ("a#0", 20),
-        ("b#0", 5),
-    ]
+    assert sorted((row.id, row.requested_ms) for row in kept) == [("a#0", 20), ("b#0", 5)]
 
 
-def test_copy_data_adds_the_document_key_column_only_when_asked() -> None:
-    """The staging copy has a sixth field, doc_key (NULL for a row per input); the plain
-    form (bulk loads straight into the table) keeps five."""
+def test_copy_data_adds_the_identity_columns_only_when_asked() -> None:
+    """The staging copy has two more fields, doc_key (the document: the key) and
+    chunk_index (NULL for a row per input); the plain form (bulk loads) keeps five."""
     rows = [
-        Row("a#0", np.ones(3, np.float32), {}, "m", 1, doc_key="a", chunks=1),
+        Row("a#0", np.ones(3, np.float32), {}, "m", 1, doc_key="a", chunks=1, chunk_index=0),
         Row("b", np.ones(3, np.float32), {}, "m", 1),
     ]
-    plain, staged = copy_data(rows), copy_data(rows, doc_key=True)
-    assert len(staged) - len(plain) == (4 + 1) + 4  # length and "a"; then NULL's -1
+    plain, staged = copy_data(rows), copy_data(rows, identity=True)
+    # "a" and chunk 0 (lengths, then the text and an int4), then "b" and NULL's -1
+    assert len(staged) - len(plain) == (4 + 1) + (4 + 4) + (4 + 1) + 4
     header = 19  # signature, flags, extension length
-    assert (plain[header : header + 2], staged[header : header + 2]) == (b"\x00\x05", b"\x00\x06")
+    assert (plain[header : header + 2], staged[header : header + 2]) == (b"\x00\x05", b"\x00\x07")
