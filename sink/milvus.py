@@ -28,7 +28,6 @@ without versions does not remove stale chunks.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -64,7 +63,12 @@ _MODEL_BYTES = 512
 _FIELDS = {"id", "vector", "metadata", "model", "updated_at"}
 _VERSION = "requested_ms"
 _DOCS_PER_QUERY = 100
-"""Documents per read of stored chunks (one equality each in the filter)."""
+"""Documents per read of stored chunks by metadata (one equality each in the filter)."""
+_IDS_PER_QUERY = 1000
+"""Ids or document keys per ``in`` filter."""
+_REQUEST_ID_BYTES = 256
+_IDENTITY = ("doc_key", "chunk_index", "request_id")
+"""The fields that say which document (and chunk) a row is, and which request wrote it."""
 
 
 class MilvusStore:
@@ -83,6 +87,7 @@ class MilvusStore:
         self._hnsw = (hnsw_m, hnsw_ef_construction)
         self._client: Any = None
         self._versioned = True
+        self._identity = True
 
     @property
     def name(self) -> str:
@@ -142,6 +147,16 @@ class MilvusStore:
                 reason=f"the collection has no {_VERSION} field (made by an older sink): a "
                 "result processed late can replace a newer row",
             )
+        if not all(name in fields for name in _IDENTITY) and self._identity:
+            self._identity = False
+            log.warning(
+                "sink.collection_without_identity",
+                table=self._collection,
+                reason="the collection has no doc_key, chunk_index and request_id fields "
+                "(made by an older sink): documents are told by their chunks' metadata, and "
+                "a document that changes form keeps its other form's rows; write into a new "
+                "collection to get the document rules",
+            )
         vector = fields["vector"]
         if vector["type"] != DataType.FLOAT_VECTOR:
             raise TargetError(
@@ -164,6 +179,9 @@ class MilvusStore:
         schema.add_field("model", DataType.VARCHAR, max_length=_MODEL_BYTES)
         schema.add_field(_VERSION, DataType.INT64)
         schema.add_field("updated_at", DataType.INT64)
+        schema.add_field("doc_key", DataType.VARCHAR, max_length=MAX_ID_BYTES)
+        schema.add_field("chunk_index", DataType.INT64)
+        schema.add_field("request_id", DataType.VARCHAR, max_length=_REQUEST_ID_BYTES)
         m, ef_construction = self._hnsw
         index = client.prepare_index_params()
         index.add_index(
@@ -180,28 +198,69 @@ class MilvusStore:
         now_ms = int(time.time() * 1000)
         stale: list[str] = []
         try:
-            if self._versioned:
-                rows, stale = self._chunks_by_document(self._newest(rows))
-            data = [
-                {
-                    "id": row.id,
-                    "vector": row.vector.tolist(),
-                    "metadata": row.metadata,
-                    "model": row.model[:_MODEL_BYTES],
-                    "updated_at": now_ms,
-                }
-                | ({_VERSION: row.requested_ms} if self._versioned else {})
-                for row in rows
-            ]
+            if self._identity:
+                rows, stale = self._by_document(newest(rows))
+            elif self._versioned:
+                rows, stale = self._chunks_by_metadata(self._newest(rows))
+            else:
+                rows = newest(rows)
+            data = [self._entity(row, now_ms) for row in rows]
             if data:
                 self._connected().upsert(self._collection, data)
-            if stale:
-                self._connected().delete(self._collection, ids=stale)
+            for start in range(0, len(stale), _IDS_PER_QUERY):
+                part = stale[start : start + _IDS_PER_QUERY]
+                self._connected().delete(self._collection, filter=_in("id", part))
         except (MilvusUnavailableException, ConnectError) as exc:
             self.close()
             raise TransientWriteError(self._describe("write failed", exc)) from None
         except (ParamError, DataNotMatchException, DataTypeNotMatchException) as exc:
             raise RowsRefusedError(self._describe("rows refused", exc)) from None
+        except MilvusException as exc:
+            # Anything else Milvus says no to (a value too long, a malformed request): the
+            # sink writes result by result and dead-letters the one refused.
+            raise RowsRefusedError(self._describe("rows refused", exc)) from None
+
+    def _entity(self, row: Row, now_ms: int) -> dict[str, Any]:
+        entity: dict[str, Any] = {
+            "id": row.id,
+            "vector": row.vector.tolist(),
+            "metadata": row.metadata,
+            "model": row.model[:_MODEL_BYTES],
+            "updated_at": now_ms,
+        }
+        if self._versioned:
+            entity[_VERSION] = row.requested_ms
+        if self._identity:
+            entity["doc_key"] = row.document
+            entity["chunk_index"] = -1 if row.chunk_index is None else row.chunk_index
+            entity["request_id"] = row.request_id[:_REQUEST_ID_BYTES]
+        return entity
+
+    def _by_document(self, rows: list[Row]) -> tuple[list[Row], list[str]]:
+        """``rows`` less the documents whose stored version is newer than the batch's, and
+        the ids of the stored rows (of either form) of the other documents that the batch
+        does not write again: a document ends as exactly its newest version."""
+        version: dict[str, tuple[int, str]] = {row.document: row.version for row in rows}
+        ids = {row.id for row in rows}
+        stored: list[dict[str, Any]] = []
+        keys = list(version)
+        for start in range(0, len(keys), _IDS_PER_QUERY):
+            stored += self._connected().query(
+                self._collection,
+                filter=_in("doc_key", keys[start : start + _IDS_PER_QUERY]),
+                output_fields=["id", "doc_key", _VERSION, "request_id"],
+            )
+        newer: set[str] = set()
+        for hit in stored:
+            doc = str(hit["doc_key"])
+            if doc in version and (int(hit[_VERSION]), str(hit["request_id"])) > version[doc]:
+                newer.add(doc)
+        stale = [
+            str(hit["id"])
+            for hit in stored
+            if str(hit["doc_key"]) not in newer and str(hit["id"]) not in ids
+        ]
+        return [row for row in rows if row.document not in newer], stale
 
     def _newest(self, rows: Sequence[Row]) -> list[Row]:
         """``rows`` without those that a newer stored row, or a newer row of the batch,
@@ -209,35 +268,34 @@ class MilvusStore:
         latest = newest(rows)
         ids = [row.id for row in latest]
         stored: dict[str, int] = {}
-        for start in range(0, len(ids), 1000):
-            chunk = ids[start : start + 1000]
+        for start in range(0, len(ids), _IDS_PER_QUERY):
             found = self._connected().query(
                 self._collection,
-                filter=f"id in {json.dumps(chunk, ensure_ascii=False)}",
+                filter=_in("id", ids[start : start + _IDS_PER_QUERY]),
                 output_fields=[_VERSION],
             )
             stored.update({hit["id"]: int(hit[_VERSION]) for hit in found})
         return [row for row in latest if stored.get(row.id, -1) <= row.requested_ms]
 
-    def _chunks_by_document(self, rows: list[Row]) -> tuple[list[Row], list[str]]:
-        """``rows`` less the chunks of documents that have a newer stored row, and the ids
-        of stored chunks the batch's documents no longer have (not newer than the batch)."""
-        docs: dict[str, tuple[Any, int, int]] = {}  # doc_key: (as sent, chunks, version)
+    def _chunks_by_metadata(self, rows: list[Row]) -> tuple[list[Row], list[str]]:
+        """For a collection made before the identity fields: ``rows`` less the chunks of
+        documents that have a newer stored chunk, and the ids of stored chunks the batch's
+        documents no longer have (not newer than the batch), found by the chunks'
+        ``metadata["doc_key"]`` (and an id ``{doc_key}#{chunk_index}``)."""
+        docs: dict[str, tuple[int, int]] = {}  # doc_key: (chunks, version)
         for row in rows:
-            if row.doc_key is not None:
-                docs[row.doc_key] = (row.metadata["doc_key"], row.chunks, row.requested_ms)
+            if row.chunk_index is not None:
+                docs[row.document] = (row.chunks, row.requested_ms)
         if not docs:
             return rows, []
         stored: list[dict[str, Any]] = []
-        sent = [raw for raw, _, _ in docs.values()]
+        keys = list(docs)
         # Milvus takes "in" on plain fields only: a JSON path is compared key by key.
-        for start in range(0, len(sent), _DOCS_PER_QUERY):
-            part = sent[start : start + _DOCS_PER_QUERY]
+        for start in range(0, len(keys), _DOCS_PER_QUERY):
+            part = keys[start : start + _DOCS_PER_QUERY]
             stored += self._connected().query(
                 self._collection,
-                filter=" or ".join(
-                    f'metadata["doc_key"] == {json.dumps(key, ensure_ascii=False)}' for key in part
-                ),
+                filter=" or ".join(f'metadata["doc_key"] == {_literal(k)}' for k in part),
                 output_fields=["metadata", _VERSION],
             )
         superseded: set[str] = set()
@@ -245,17 +303,33 @@ class MilvusStore:
         for hit in stored:
             metadata = hit["metadata"]
             index = metadata.get("chunk_index")
-            doc = docs.get(str(metadata.get("doc_key")))
-            if doc is None or not isinstance(index, int):
-                continue
-            _, chunks, version = doc
+            doc_key = str(metadata.get("doc_key"))
+            doc = docs.get(doc_key)
+            if doc is None or not isinstance(index, int) or hit["id"] != f"{doc_key}#{index}":
+                continue  # not a chunk row: a user's metadata that names a document
+            chunks, version = doc
             if int(hit[_VERSION]) > version:
-                superseded.add(str(metadata["doc_key"]))
+                superseded.add(doc_key)
             elif index >= chunks:
                 stale.append(hit["id"])
-        kept = [row for row in rows if row.doc_key not in superseded]
+        kept = [row for row in rows if row.chunk_index is None or row.document not in superseded]
         return kept, [key for key in stale if key.rsplit("#", 1)[0] not in superseded]
 
     def _describe(self, what: str, exc: BaseException) -> str:
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         return scrub(f"{what} ({self._spec.display}): {type(exc).__name__}: {message}", self._spec)
+
+
+def _literal(text: str) -> str:
+    """``text`` as a string literal of Milvus' filter language: in double quotes, with
+    backslash, double quote, line feed and carriage return escaped (every other character,
+    control characters included, stands for itself). Milvus Lite has no filter
+    templates, and pymilvus' ``get``/``delete`` by ids quote ids in a form it misreads."""
+    return '"' + text.translate(_ESCAPES) + '"'
+
+
+_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r"})
+
+
+def _in(field: str, values: Sequence[str]) -> str:
+    return f"{field} in [{', '.join(_literal(value) for value in values)}]"

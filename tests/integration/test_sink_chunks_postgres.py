@@ -217,8 +217,8 @@ def test_two_versions_with_one_requested_ms_never_mix(
                 t=sql.Identifier(table)
             )
         ).fetchall()
-    assert [list(np.float32(v)) for _, v in vectors] == [
-        list(row.vector) for row in sorted(large, key=lambda r: r.id)
+    assert [[float(x) for x in v] for _, v in vectors] == [
+        [float(x) for x in row.vector] for row in sorted(large, key=lambda r: r.id)
     ]
 
 
