@@ -330,6 +330,44 @@ def later_valid_cases() -> list[tuple[str, str, dict[str, Any], str]]:
         ),
         *chunking_cases(),
         *rerank_cases(),
+        *pooling_cases(),
+    ]
+
+
+def pooling_cases() -> list[tuple[str, str, dict[str, Any], str]]:
+    """Chunked results that say their ``chunk_pooling``: every input one chunk, so the
+    counts alone cannot tell one vector per chunk from one per input."""
+
+    def result(request_id: str, pooling: str) -> dict[str, Any]:
+        return {
+            "v": 1,
+            "id": request_id,
+            "model": "sentence-transformers/all-MiniLM-L6-v2",
+            "dim": 2,
+            "dtype": "float32",
+            "vectors": struct.pack("<4f", 0.6, 0.8, 1.0, 0.0),
+            "tokens": [9, 3],
+            "keys": ["doc-1", "doc-2"],
+            "chunks": [1, 1],
+            "spans": [[0, 30], [0, 5]],
+            "chunk_pooling": pooling,
+        }
+
+    return [
+        (
+            "result-chunks-pooling-none",
+            "result",
+            result("req-18", "none"),
+            "two inputs of one chunk each, one vector per chunk: a sink writes rows "
+            "doc-1#0 and doc-2#0",
+        ),
+        (
+            "result-chunks-pooling-mean",
+            "result",
+            result("req-19", "mean"),
+            "the same counts, one vector per input (the request's chunk_pooling mean): a "
+            "sink writes rows doc-1 and doc-2",
+        ),
     ]
 
 

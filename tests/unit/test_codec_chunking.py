@@ -68,7 +68,9 @@ def chunked_results(draw: st.DrawFn) -> EmbedResult:
     starts = draw(st.lists(st.integers(0, 10**6), min_size=sum(chunks), max_size=sum(chunks)))
     lengths = draw(st.lists(st.integers(1, 10**4), min_size=sum(chunks), max_size=sum(chunks)))
     spans = tuple((s, s + n) for s, n in zip(starts, lengths, strict=True))
-    return replace(result, chunks=chunks, spans=spans)
+    says = draw(st.booleans())  # a worker that predates chunk_pooling leaves it out
+    pooling = ("mean" if per_input else "none") if says else None
+    return replace(result, chunks=chunks, spans=spans, chunk_pooling=pooling)
 
 
 # ---------------------------------------------------------------------------- requests
@@ -253,3 +255,34 @@ def test_malformed_chunks_or_spans_are_rejected(changes: dict[str, Any]) -> None
     with pytest.raises(SchemaError) as caught:
         decode_result(pack(_result_body(**changes)))
     assert caught.value.code == ErrorCode.INVALID_REQUEST
+
+
+def test_a_result_says_its_chunk_pooling_after_the_spans() -> None:
+    """``chunk_pooling`` is encoded last; it needs ``chunks``, and its count of vectors."""
+    body = {
+        **plain_result_body(),
+        "chunks": [1, 1],
+        "spans": [[0, 1], [0, 2]],
+        "chunk_pooling": "mean",
+    }
+    body["tokens"] = [1, 1]
+    body["vectors"] = bytes(8 * body["dim"])
+    result = decode_result(pack(body))
+    assert isinstance(result, EmbedResult)
+    assert result.chunk_pooling == "mean"
+    assert list(unpack(encode_result(result)))[-3:] == ["chunks", "spans", "chunk_pooling"]
+    with pytest.raises(SchemaError, match="needs 'chunks'"):
+        decode_result(pack({k: v for k, v in body.items() if k not in ("chunks", "spans")}))
+    with pytest.raises(SchemaError, match="expected 3"):
+        decode_result(
+            pack(
+                {
+                    **body,
+                    "chunks": [2, 1],
+                    "spans": [[0, 1], [1, 2], [0, 2]],
+                    "chunk_pooling": "none",
+                }
+            )
+        )
+    with pytest.raises(SchemaError):
+        decode_result(pack({**body, "chunk_pooling": "max"}))

@@ -133,3 +133,48 @@ def test_copy_data_adds_the_identity_columns_only_when_asked() -> None:
     assert len(staged) - len(plain) == (4 + 1) + (4 + 4) + (4 + 1) + 4
     header = 19  # signature, flags, extension length
     assert (plain[header : header + 2], staged[header : header + 2]) == (b"\x00\x05", b"\x00\x07")
+
+
+@pytest.mark.parametrize(("pooling", "ids"), [("mean", ["a", "7"]), ("none", ["a#0", "7#0"])])
+def test_the_results_chunk_pooling_decides_rows_per_input_or_per_chunk(
+    pooling: str, ids: list[str]
+) -> None:
+    """Every input one chunk, no ``meta`` hint: the result's own ``chunk_pooling`` says
+    which rows, so a pooled document stays row "a" whether it has one chunk or more."""
+    vectors = CHUNK_VECTORS[:2]
+    one_each = chunked(
+        vectors=vectors.astype("<f4").tobytes(),
+        tokens=(8, 5),
+        meta=None,
+        chunks=(1, 1),
+        spans=((0, 40), (0, 12)),
+        chunk_pooling=pooling,
+    )
+    outcome = rows_of(one_each)
+    assert isinstance(outcome, RowsOf)
+    assert [row.id for row in outcome.rows] == ids
+    if pooling == "mean":
+        grown = rows_of(
+            chunked(
+                vectors=vectors.astype("<f4").tobytes(),
+                tokens=(14, 5),
+                meta=None,
+                chunk_pooling="mean",
+            )
+        )
+        assert isinstance(grown, RowsOf)
+        assert [row.id for row in grown.rows] == ids
+
+
+@pytest.mark.parametrize("key", ["a#1", "#", "doc#"])
+def test_a_key_with_the_chunk_separator_is_refused(key: str) -> None:
+    """``a#1`` would be chunk 1 of ``a``: such keys are refused (invalid_key), chunked or
+    not, so one row id never names two things."""
+    plain = encode_result(
+        EmbedResult(id="r", model="m", dim=3, vectors=bytes(12), tokens=(1,), keys=(key,))
+    )
+    for message in (plain, chunked(keys=(key, 7))):
+        outcome = rows_of(message)
+        assert isinstance(outcome, Refused)
+        assert outcome.code == "invalid_key"
+        assert "'#'" in outcome.message
