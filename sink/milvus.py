@@ -4,26 +4,29 @@ The same code serves both; only the URI differs (``milvus:///path/file.db`` open
 file in this process, ``http://host:19530`` a server). The collection (created if
 absent) has the Postgres table's fields: ``id`` (VARCHAR primary key), ``vector``
 (FLOAT_VECTOR of the dimension), ``metadata`` (JSON), ``model`` (VARCHAR),
-``requested_ms`` (INT64, the row's version) and ``updated_at`` (INT64, Unix milliseconds),
-with an HNSW index for the metric (IP, COSINE or L2). A batch is one ``upsert`` call:
+``requested_ms`` (INT64, the row's version), ``updated_at`` (INT64, Unix milliseconds)
+and the identity fields below, with an HNSW index for the metric (IP, COSINE or L2). A batch is one ``upsert`` call:
 Milvus has no multi-call transactions, and an upsert by primary key is idempotent, so a
 replayed batch changes nothing but ``updated_at``. Milvus acknowledges an upsert once it is
 in its write-ahead log.
 
-Milvus has no conditional upsert, so versions are kept by reading first: rows whose stored
-``requested_ms`` is newer than the batch's are left out of the upsert (and of a batch
-holding one id twice, only the newest row is written). The read and the write are two
-calls, so two sinks writing one id at the same instant could still let the older win;
-one sink group per collection, as documented, does not do that. A collection made by a sink
-that predates ``requested_ms`` is written without versions (a warning says so).
+Rows carry their identity in scalar fields only the sink writes: ``doc_key`` (the
+document: the key as text), ``chunk_index`` (-1 for a row per input) and ``request_id``
+(the tie-break of two versions with one ``requested_ms``). Milvus has no transactions, so
+a batch reads first: the stored rows of its documents (``doc_key in [...]``); a document
+stored at a newer version is left out, the others' rows are upserted, then their stored
+rows that the batch did not write (stale chunks, the other form) are deleted. A crash
+between the two calls leaves those rows until the batch is replayed (its offsets were not
+committed). The read and the write are separate calls: one writer per collection.
 
-Chunk rows (``{key}#{k}``, see ``sink.rows``) are read by document too (a filter on
-``metadata["doc_key"]``): a document whose stored rows include a newer one is left out of
-the upsert (an older, longer version arriving late brings no chunks back), and after the
-upsert the document's stored chunks of ``chunk_index >= chunks`` that are not newer are
-deleted by id. Without transactions a crash between the two calls leaves the stale chunks
-until the batch is replayed (which it is: its offsets were not committed). A collection
-without versions does not remove stale chunks.
+A collection made by an older sink has no identity fields (Milvus Lite cannot add any):
+it is written as before, documents told by their chunks' metadata, and without
+``requested_ms`` without versions (a warning says which).
+
+Filters quote keys as Milvus' own string literals (``_literal``): Milvus Lite has no
+filter templates, and pymilvus' ``get``/``delete`` by ids write literals it misreads.
+Whatever else Milvus refuses is ``RowsRefusedError``, so the sink dead-letters that result
+and writes the next.
 """
 
 from __future__ import annotations

@@ -2,38 +2,40 @@
 
 The table (created if absent)::
 
-    id          text PRIMARY KEY         -- the request's keys[i]
+    id          text PRIMARY KEY         -- keys[i], or {keys[i]}#{k} for chunk k
     vector      vector(DIM) NOT NULL     -- float32 values, whatever the wire dtype
     metadata    jsonb NOT NULL           -- meta without "docs", merged with meta["docs"][i]
     model       text NOT NULL            -- the model that computed the vector
     requested_ms bigint NOT NULL         -- the row's version: when its request was produced
     updated_at  timestamptz NOT NULL     -- when the row was last written
+    doc_key     text NOT NULL            -- the row's document (keys[i] as text), indexed
+    chunk_index integer                  -- its chunk; NULL for a row per input
 
 with an HNSW index on ``vector`` for the chosen metric (``vector_ip_ops``,
 ``vector_cosine_ops`` or ``vector_l2_ops``), made at creation, or (bulk mode,
 ``index="after"``) left pending, noted in the table's comment, and built by
-``build_pending_index`` once the load is done. A batch's rows go by one binary ``COPY``
-(pgvector's binary form for the vectors) into a temporary staging table, then one ``INSERT
-... SELECT ... ON CONFLICT (id) DO UPDATE ... WHERE`` the stored version is older, or equal
-with other content, moves them into the table: a result older than the row (processed
-late: it came on another partition) leaves the row alone, and so does a replay (the same
-version, the same vector, metadata and model). A row left alone costs no new row version
-and no HNSW insert (an update of a row with a 384-dimension vector is rarely HOT: the page
-has no room), so replaying a batch after a crash is cheap and does not grow the index.
-With ``writers`` > 1 the batch's (deduplicated, so disjoint) ids are split between that
-many connections, each its share in its own transaction, in parallel: HNSW inserts are
-CPU-bound in the server, and parallel backends use its cores. The staging table (one per
-connection, ``ON COMMIT DELETE ROWS``) is empty outside a transaction. A table made by a
-sink that predates ``requested_ms`` gets the column (0 for its rows) at start-up.
+``build_pending_index`` once the load is done; and the documents table
+``{table}_documents (doc_key PRIMARY KEY, requested_ms, request_id, chunks)``: each
+document's stored version.
 
-Chunk rows (``{key}#{k}``, see ``sink.rows``) carry their document's key in
-``metadata->>'doc_key'``, indexed by a partial btree index (``{table}_doc_key``, made with
-the table, or at start-up for an older table). Their move into the table skips a chunk
-whose document has a newer row already (an older, longer version arriving late does not
-bring back the chunks the newer one dropped), and the batch's transaction (writer 0's,
-with several writers) removes, with one ``DELETE ... USING unnest(...)`` over the batch's
-(document, chunk count, version) set, the chunks a document no longer has: rows of its
-``doc_key`` with ``chunk_index >= chunks`` and a version not newer than the batch's.
+A batch is written by document (``sink.rows.newest`` keeps one version of each, the
+newest by ``(requested_ms, request_id)``). Its transaction first upserts the documents
+into the documents table, in key order, where the stored version is older (``ON CONFLICT
+... DO UPDATE ... WHERE ... RETURNING``): the row lock of each document is held until the
+commit, so two sinks (or writers) never write one document at once, and the one that
+waits sees the other's version. Then, for the documents returned, their rows (of either
+form) are deleted and the batch's inserted from a staging table filled by one binary
+``COPY`` (pgvector's binary form for the vectors). A document whose stored version is the
+same (a replay) or newer (a result processed late) is not touched: no new row version, no
+HNSW insert. With ``writers`` > 1 the batch's documents are split between that many
+connections, each its share in its own transaction, in parallel: HNSW inserts are
+CPU-bound in the server, and parallel backends use its cores. The staging table (one per
+connection, ``ON COMMIT DELETE ROWS``) is empty outside a transaction.
+
+A table made by an older sink is migrated at start-up: ``requested_ms`` (0 for its rows),
+then ``doc_key`` and ``chunk_index`` from its ids and metadata, and the documents table
+from its rows. Failures are classified by SQLSTATE class (``_REFUSED``, ``_TRANSIENT``,
+``_FATAL``).
 """
 
 from __future__ import annotations

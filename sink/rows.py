@@ -6,10 +6,14 @@ metadata the request's ``meta`` without ``docs``, merged with ``meta["docs"][i]`
 A chunked result (``chunks`` and ``spans``, one vector per chunk) becomes one row per
 chunk: chunk ``k`` of input ``i`` is row ``{keys[i]}#{k}``, its metadata the input's plus
 ``doc_key``, ``chunk_index``, ``start_char`` and ``end_char``; the row also knows how many
-chunks its document has now (``Row.chunks``), so a store can remove the chunks an older,
-longer version left (schemas/README.md, "Ingestion conventions"). A chunked result pooled
-to one vector per input (``chunk_pooling`` ``mean``) is one row per input, as unchunked.
-Anything else becomes a :class:`Refused` with a code for the dead-letter topic.
+chunks its document has now (``Row.chunks``). Every row knows its document
+(``Row.doc_key``: the key as text), its chunk (``Row.chunk_index``, None for a row per
+input) and its version (``Row.version``: ``requested_ms``, then the request id), so a store
+can replace a document as a whole (schemas/README.md, "Ingestion conventions"); the
+metadata is data and never decides what is written. A chunked result pooled to one vector
+per input (the result's ``chunk_pooling`` ``mean``) is one row per input, as unchunked. A
+key holding ``#`` is refused (``invalid_key``): row ids stay unambiguous. Anything else
+that cannot be written becomes a :class:`Refused` with a code for the dead-letter topic.
 """
 
 from __future__ import annotations

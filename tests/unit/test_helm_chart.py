@@ -196,6 +196,10 @@ def test_the_grace_period_follows_the_shutdown_timeout() -> None:
         ),
         (["sink.enabled=true"], "sink.enabled needs sink.target"),
         (
+            ["sink.enabled=true", "sink.target=http://milvus:19530"],
+            "a Milvus collection takes one writer",
+        ),
+        (
             [
                 "kafka.securityProtocol=SSL",
                 "kafka.tls.caConfigMap=ca",
@@ -315,3 +319,19 @@ def test_selectors_select_their_pods_and_only_those(name: str) -> None:
         }
         (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
         assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+
+
+def test_a_milvus_sink_runs_one_writer_even_during_an_update() -> None:
+    """One writer per Milvus collection: replicas 1 renders with the Recreate strategy (an
+    update stops the old pod before the new one starts); a Postgres sink rolls as usual."""
+    sets = ["sink.enabled=true", "sink.replicas=1"]
+    milvus = template([], [*sets, "sink.target=http://milvus:19530"])
+    postgres = template([], [*sets, "sink.target=postgresql://u@db:5432/search"])
+    assert milvus.returncode == 0, milvus.stderr
+    assert postgres.returncode == 0, postgres.stderr
+    strategies = []
+    for result in (milvus, postgres):
+        docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+        (sink,) = [d for d in of_kind(docs, "Deployment") if d["metadata"]["name"].endswith("sink")]
+        strategies.append(sink["spec"].get("strategy"))
+    assert strategies == [{"type": "Recreate"}, None]
