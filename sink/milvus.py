@@ -5,10 +5,9 @@ file in this process, ``http://host:19530`` a server). The collection (created i
 absent) has the Postgres table's fields: ``id`` (VARCHAR primary key), ``vector``
 (FLOAT_VECTOR of the dimension), ``metadata`` (JSON), ``model`` (VARCHAR),
 ``requested_ms`` (INT64, the row's version), ``updated_at`` (INT64, Unix milliseconds)
-and the identity fields below, with an HNSW index for the metric (IP, COSINE or L2). A batch is one ``upsert`` call:
-Milvus has no multi-call transactions, and an upsert by primary key is idempotent, so a
-replayed batch changes nothing but ``updated_at``. Milvus acknowledges an upsert once it is
-in its write-ahead log.
+and the identity fields below, with an HNSW index for the metric (IP, COSINE or L2). An
+upsert by primary key is idempotent, so a replayed batch changes nothing but
+``updated_at``. Milvus acknowledges an upsert once it is in its write-ahead log.
 
 Rows carry their identity in scalar fields only the sink writes: ``doc_key`` (the
 document: the key as text), ``chunk_index`` (-1 for a row per input) and ``request_id``

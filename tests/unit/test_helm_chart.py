@@ -331,7 +331,7 @@ def test_a_milvus_sink_runs_one_writer_even_during_an_update() -> None:
     assert postgres.returncode == 0, postgres.stderr
     strategies = []
     for result in (milvus, postgres):
-        docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+        docs = tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
         (sink,) = [d for d in of_kind(docs, "Deployment") if d["metadata"]["name"].endswith("sink")]
         strategies.append(sink["spec"].get("strategy"))
     assert strategies == [{"type": "Recreate"}, None]
