@@ -129,8 +129,8 @@ def _store(
 def _former_upsert(conn: psycopg.Connection[Any], table: str, rows: Sequence[Row]) -> None:
     """The write path before binary COPY, kept here as the baseline."""
     statement = sql.SQL(
-        "INSERT INTO {table} (id, vector, metadata, model, requested_ms, updated_at) "
-        "VALUES (%s, %s::vector, %s, %s, %s, now()) "
+        "INSERT INTO {table} (id, vector, metadata, model, requested_ms, updated_at, doc_key) "
+        "VALUES (%s, %s::vector, %s, %s, %s, now(), %s) "
         "ON CONFLICT (id) DO UPDATE SET vector = EXCLUDED.vector, "
         "metadata = EXCLUDED.metadata, model = EXCLUDED.model, "
         "requested_ms = EXCLUDED.requested_ms, updated_at = EXCLUDED.updated_at "
@@ -143,6 +143,7 @@ def _former_upsert(conn: psycopg.Connection[Any], table: str, rows: Sequence[Row
             Jsonb(row.metadata),
             row.model,
             row.requested_ms,
+            row.document,
         )
         for row in rows
     ]
