@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import psycopg
 import pytest
+from pydantic import SecretStr
 
 from schemas import EmbedResult, encode_result
-from sink.postgres import copy_data
+from sink.postgres import PostgresStore, copy_data
 from sink.rows import Refused, Row, RowsOf, newest, rows_of
+from sink.store import RowsRefusedError, TargetError, TransientWriteError
+from sink.targets import parse_target
 
 # Input "a" in two chunks, input 7 in one: three vectors, one per chunk.
 CHUNK_VECTORS = np.array([[0.6, 0.8, 0.0], [0.0, -1.0, 0.0], [1.0, 0.0, 0.0]], np.float32)
@@ -178,3 +182,35 @@ def test_a_key_with_the_chunk_separator_is_refused(key: str) -> None:
         assert isinstance(outcome, Refused)
         assert outcome.code == "invalid_key"
         assert "'#'" in outcome.message
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "code"),
+    [
+        (psycopg.errors.DeadlockDetected, TransientWriteError, None),
+        (psycopg.errors.SerializationFailure, TransientWriteError, None),
+        (psycopg.errors.AdminShutdown, TransientWriteError, None),
+        (psycopg.errors.TooManyConnections, TransientWriteError, None),
+        (psycopg.errors.DiskFull, TransientWriteError, None),
+        (psycopg.errors.ConnectionFailure, TransientWriteError, None),
+        (psycopg.OperationalError, TransientWriteError, None),  # lost, no SQLSTATE
+        (psycopg.errors.ProgramLimitExceeded, RowsRefusedError, "limit_exceeded"),
+        (psycopg.errors.UntranslatableCharacter, RowsRefusedError, "invalid_value"),
+        (psycopg.errors.CheckViolation, RowsRefusedError, "constraint_violation"),
+        (psycopg.errors.DatatypeMismatch, RowsRefusedError, "statement_refused"),
+        (psycopg.errors.InsufficientPrivilege, TargetError, None),
+        (psycopg.errors.UndefinedTable, TargetError, None),
+    ],
+)
+def test_postgres_write_failures_are_classified_by_sqlstate(
+    error: type[psycopg.Error], kind: type[Exception], code: str | None
+) -> None:
+    """Retry what passes (connection, rollbacks and deadlocks, resources, shutdowns),
+    dead-letter what the data causes with a code naming the cause, stop on the rest."""
+    store = PostgresStore(parse_target("postgresql://u@db:5432/x", SecretStr("pw")), "t")
+    classified = store._classified(0, error("refused"))
+    assert type(classified) is kind
+    if code is not None:
+        assert isinstance(classified, RowsRefusedError)
+        assert classified.code == code
+    assert "pw" not in str(classified)
