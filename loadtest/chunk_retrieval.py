@@ -156,8 +156,8 @@ async def measure(
     query_vectors = np.asarray(queries, dtype=np.float32)
     by_doc: dict[int, list[Row]] = {}
     for row in chunked:
-        assert row.doc_key is not None, "chunked ingestion must give chunk rows"
-        by_doc.setdefault(int(row.doc_key), []).append(row)
+        assert row.chunk_index is not None, "chunked ingestion must give chunk rows"
+        by_doc.setdefault(int(row.document), []).append(row)
     chunk_vectors = [
         np.stack([row.vector for row in by_doc[d]]) for d in range(len(corpus.documents))
     ]
