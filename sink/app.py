@@ -227,12 +227,18 @@ async def _serve(
 async def _open_store(
     store: VectorStore, settings: SinkSettings, executor: ThreadPoolExecutor
 ) -> int | None:
-    """Connect (retrying a database that is not up yet) and read the table's dimension."""
+    """Connect (retrying a database that is not up yet) and read the table's dimension. An
+    existing table is brought to the current shape (``create`` of an existing table of
+    that dimension migrates a table made by an older sink, and does nothing otherwise)."""
     loop = asyncio.get_running_loop()
 
     def opened() -> int | None:
         store.open()
-        return store.table_dim()
+        dim = store.table_dim()
+        if dim is not None and (settings.dim is None or settings.dim == dim):
+            metric: Metric = "cosine" if settings.metric == "auto" else settings.metric
+            store.create(dim, metric)  # the metric only matters for a new table
+        return dim
 
     return await _retrying(
         lambda: loop.run_in_executor(executor, opened), settings.write_retry_s, "sink.connect"

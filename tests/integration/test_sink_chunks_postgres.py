@@ -221,13 +221,11 @@ def test_two_versions_with_one_requested_ms_never_mix(
     ]
 
 
-def test_a_table_made_by_an_older_sink_is_migrated_at_start_up(
-    postgres: LocalPostgres, table: str
+def old_table(
+    postgres: LocalPostgres, table: str, rows: list[tuple[str, dict[str, Any], int]]
 ) -> None:
-    """A table of the former shape (identity in the metadata, no documents table) gets
-    doc_key and chunk_index from its rows (a user's row whose metadata names a document
-    stays its own document), each document its rows' newest version; then writes follow
-    the rules: stale chunks go, an older result changes nothing."""
+    """A table as an older sink made it (identity in the metadata, no documents table),
+    holding ``rows`` (id, metadata, requested_ms)."""
     with psycopg.connect(postgres.dsn, password=postgres.password, autocommit=True) as conn:
         t = sql.Identifier(table)
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
@@ -244,12 +242,7 @@ def test_a_table_made_by_an_older_sink_is_migrated_at_start_up(
                 "CREATE INDEX {i} ON {t} ((metadata->>'doc_key')) WHERE metadata ? 'doc_key'"
             ).format(i=sql.Identifier(f"{table}_doc_key"), t=t)
         )
-        old = [
-            *((f"a#{k}", {"doc_key": "a", "chunk_index": k}, 10) for k in range(3)),
-            ("u", {"doc_key": "a", "chunk_index": 1}, 40),
-            ("p", {"title": "P"}, 30),
-        ]
-        for key, metadata, version in old:
+        for key, metadata, version in rows:
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {t} (id, vector, metadata, model, requested_ms) "
@@ -257,6 +250,24 @@ def test_a_table_made_by_an_older_sink_is_migrated_at_start_up(
                 ).format(t=t),
                 [key, "[" + ",".join(["0.5"] * DIM) + "]", json.dumps(metadata), version],
             )
+
+
+def test_a_table_made_by_an_older_sink_is_migrated_at_start_up(
+    postgres: LocalPostgres, table: str
+) -> None:
+    """A table of the former shape (identity in the metadata, no documents table) gets
+    doc_key and chunk_index from its rows (a user's row whose metadata names a document
+    stays its own document), each document its rows' newest version; then writes follow
+    the rules: stale chunks go, an older result changes nothing."""
+    old_table(
+        postgres,
+        table,
+        [
+            *((f"a#{k}", {"doc_key": "a", "chunk_index": k}, 10) for k in range(3)),
+            ("u", {"doc_key": "a", "chunk_index": 1}, 40),
+            ("p", {"title": "P"}, 30),
+        ],
+    )
     store = PostgresStore(parse_target(postgres.dsn, SecretStr(postgres.password)), table)
     store.open()
     try:

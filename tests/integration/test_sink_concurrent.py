@@ -22,6 +22,7 @@ from schemas import EmbedResult, encode_result
 from scripts.kafka_local import LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
 from tests.integration.sink_helpers import SinkProcess, wait_drained
+from tests.integration.test_sink_chunks_postgres import old_table
 
 pytestmark = pytest.mark.integration
 
@@ -165,3 +166,41 @@ def test_concurrent_sinks_leave_every_document_at_its_newest_version(
     assert not wrong, (
         f"{len(wrong)} rows differ from the newest versions: {sorted(wrong.items())[:10]}"
     )
+
+
+def test_sinks_started_on_a_table_of_an_older_sink_migrate_it_and_write(
+    kafka: LocalKafka, postgres: LocalPostgres, tmp_path: Path
+) -> None:
+    """Two sinks start together on a table of the former shape (chunks of "a" at version
+    10, identity in the metadata): they migrate it at start-up, one at a time, and then a
+    shorter version of "a" replaces its chunks and an older result of "p" changes
+    nothing."""
+    topic, group, table = "embed.results.migrated", "sink-migrated", "migrated"
+    kafka.create_topics([TopicSpec(topic, 2), TopicSpec(f"{topic}.dlq", 1)])
+    old_table(
+        postgres,
+        table,
+        [
+            *((f"a#{k}", {"doc_key": "a", "chunk_index": k}, 10) for k in range(3)),
+            ("p", {"title": "P"}, 30),
+        ],
+    )
+    settings: dict[str, Any] = {
+        "target": postgres.dsn,
+        "target_password": postgres.password,
+        "table": table,
+        "results_topic": topic,
+        "group_id": group,
+    }
+    bootstrap = kafka.bootstrap_servers
+    sinks = [SinkProcess(bootstrap, tmp_path / f"sink{n}.log", **settings) for n in range(2)]
+    sends = [(0, _result("a", 20, 1)), (1, _result("p", 25, 0))]
+    try:
+        for sink in sinks:
+            sink.wait_ready(timeout=90)
+        asyncio.run(_produce(bootstrap, topic, sends))
+        asyncio.run(wait_drained(bootstrap, topic, group, len(sends)))
+    finally:
+        for sink in sinks:
+            assert sink.stop() == 0
+    assert _table(postgres, table) == {"a#0": (20, 20.0), "p": (30, 0.5)}
