@@ -63,11 +63,13 @@ def _result(doc: str, version: int, chunks: int) -> EmbedResult:
     )
 
 
-def _plan(seed: int) -> tuple[list[tuple[int, EmbedResult]], dict[str, dict[str, int]]]:
+def _plan(
+    seed: int, mixed: bool
+) -> tuple[list[tuple[int, EmbedResult]], dict[str, dict[str, int]]]:
     """Every version of every document, each on its own partition at about the same
     offset (so two sinks meet it at the same time), older first for half the documents
-    and newer first for the others, with chunk counts that rise and fall, and some
-    versions unchunked (the document changes form). Returns the
+    and newer first for the others, with chunk counts that rise and fall, and (``mixed``)
+    some versions unchunked (the document changes form). Returns the
     (partition, result) sequence to produce and each document's newest rows (id ->
     version)."""
     rng = random.Random(seed)
@@ -75,7 +77,8 @@ def _plan(seed: int) -> tuple[list[tuple[int, EmbedResult]], dict[str, dict[str,
     expected: dict[str, dict[str, int]] = {}
     for index in range(DOCS):
         doc = f"doc-{index}"
-        counts = {version: rng.choice((0, 1, 2, 3, 4, 5, 6)) for version in VERSIONS}
+        low = 0 if mixed else 1
+        counts = {version: rng.randint(low, 6) for version in VERSIONS}
         order = list(VERSIONS) if index % 2 == 0 else list(reversed(VERSIONS))
         partitions = rng.sample(range(PARTITIONS), len(VERSIONS))
         for version, partition in zip(order, partitions, strict=True):
@@ -111,11 +114,14 @@ def _table(postgres: LocalPostgres, table: str) -> dict[str, tuple[int, float]]:
     return {key: (version, first) for key, version, first in found}
 
 
-@pytest.mark.parametrize("sinks", [2, 3])
+@pytest.mark.parametrize(
+    ("sinks", "forms"), [(2, "chunked"), (3, "chunked"), (2, "mixed"), (3, "mixed")]
+)
 def test_concurrent_sinks_leave_every_document_at_its_newest_version(
-    kafka: LocalKafka, postgres: LocalPostgres, tmp_path: Path, sinks: int
+    kafka: LocalKafka, postgres: LocalPostgres, tmp_path: Path, sinks: int, forms: str
 ) -> None:
-    topic, group, table = f"embed.results.race{sinks}", f"sink-race{sinks}", f"race{sinks}"
+    name = f"race{sinks}{forms}"
+    topic, group, table = f"embed.results.{name}", f"sink-{name}", name
     kafka.create_topics([TopicSpec(topic, PARTITIONS), TopicSpec(f"{topic}.dlq", 1)])
     settings: dict[str, Any] = {
         "target": postgres.dsn,
@@ -132,7 +138,7 @@ def test_concurrent_sinks_leave_every_document_at_its_newest_version(
     try:
         for sink in running:
             sink.wait_ready(timeout=90)
-        sends, expected = _plan(seed=sinks)
+        sends, expected = _plan(seed=sinks, mixed=forms == "mixed")
         half = len(sends) // 2
         # The sinks wait (stopped, within their session timeout) while the first half is
         # produced, then start on it together: their batches meet each document at once.
