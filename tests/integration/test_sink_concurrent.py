@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 DIM = 8
 PARTITIONS = 6
-DOCS = 400
+DOCS = 800
 VERSIONS = (10, 20, 30, 40)
 
 
