@@ -489,8 +489,9 @@ class PostgresStore:
         documents table (in key order, each under its row lock until the commit: a
         document is written by one transaction at a time, whichever sink runs it), then,
         for the documents whose stored version is older than the batch's, replace all
-        their rows (of either form) by the batch's. A document whose stored version is
-        the same or newer is left alone (a replay, or a result processed late)."""
+        their rows (of either form) by the batch's (a document new to the documents table
+        has no rows to remove). A document whose stored version is the same or newer is
+        left alone (a replay, or a result processed late)."""
         if not rows:
             return
         claim = sql.SQL(
@@ -500,7 +501,7 @@ class PostgresStore:
             "ON CONFLICT (doc_key) DO UPDATE SET requested_ms = EXCLUDED.requested_ms, "
             "request_id = EXCLUDED.request_id, chunks = EXCLUDED.chunks "
             "WHERE (d.requested_ms, d.request_id) < (EXCLUDED.requested_ms, EXCLUDED.request_id) "
-            "RETURNING doc_key"
+            "RETURNING doc_key, xmax = 0"  # xmax 0: inserted, the document had no rows
         ).format(documents=self._documents_table)
         remove = sql.SQL("DELETE FROM {table} WHERE doc_key = ANY(%s::text[])").format(
             table=self._table
@@ -525,12 +526,15 @@ class PostgresStore:
             conn = self._writer_connection(writer)
             self._ensure_staging(writer, conn)
             with conn.transaction(), conn.cursor() as cursor:
+                with cursor.copy(copy) as pipe:  # before the claim: locks held briefly
+                    pipe.write(data)
                 cursor.execute(claim, documents.columns())
-                won = [key for (key,) in cursor.fetchall()]
+                claimed = cursor.fetchall()
+                won = [key for key, _ in claimed]
+                replaced = [key for key, inserted in claimed if not inserted]
+                if replaced:
+                    cursor.execute(remove, [replaced])
                 if won:
-                    cursor.execute(remove, [won])
-                    with cursor.copy(copy) as pipe:
-                        pipe.write(data)
                     cursor.execute(move, [won])
         except psycopg.Error as exc:
             raise self._classified(writer, exc) from None

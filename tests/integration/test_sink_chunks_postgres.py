@@ -216,8 +216,8 @@ def test_two_versions_with_one_requested_ms_never_mix(
                 t=sql.Identifier(table)
             )
         ).fetchall()
-    assert [[float(x) for x in v] for _, v in vectors] == [
-        [float(x) for x in row.vector] for row in sorted(large, key=lambda r: r.id)
+    assert [np.asarray(v, np.float32).tolist() for _, v in vectors] == [
+        row.vector.tolist() for row in sorted(large, key=lambda r: r.id)
     ]
 
 
