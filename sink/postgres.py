@@ -506,16 +506,26 @@ class PostgresStore:
         remove = sql.SQL("DELETE FROM {table} WHERE doc_key = ANY(%s::text[])").format(
             table=self._table
         )
+        # Every row of the staging table, or (some documents were not claimed) those of
+        # the claimed documents: a hash join, not an array search per row.
         move = sql.SQL(
             "INSERT INTO {table} AS t "
             "(id, vector, metadata, model, requested_ms, updated_at, doc_key, chunk_index) "
-            "SELECT id, vector, metadata, model, requested_ms, now(), doc_key, chunk_index "
-            "FROM {staging} WHERE doc_key = ANY(%s::text[]) "
+            "SELECT s.id, s.vector, s.metadata, s.model, s.requested_ms, now(), s.doc_key, "
+            "s.chunk_index FROM {staging} s{claimed} "
             "ON CONFLICT (id) DO UPDATE SET vector = EXCLUDED.vector, "
             "metadata = EXCLUDED.metadata, model = EXCLUDED.model, "
             "requested_ms = EXCLUDED.requested_ms, updated_at = EXCLUDED.updated_at, "
             "doc_key = EXCLUDED.doc_key, chunk_index = EXCLUDED.chunk_index"
-        ).format(table=self._table, staging=sql.Identifier(_STAGING))
+        )
+        move_all = move.format(
+            table=self._table, staging=sql.Identifier(_STAGING), claimed=sql.SQL("")
+        )
+        move_claimed = move.format(
+            table=self._table,
+            staging=sql.Identifier(_STAGING),
+            claimed=sql.SQL(" JOIN unnest(%s::text[]) AS w(doc_key) ON w.doc_key = s.doc_key"),
+        )
         copy = sql.SQL(
             "COPY {staging} (id, vector, metadata, model, requested_ms, doc_key, chunk_index) "
             "FROM STDIN WITH (FORMAT BINARY)"
@@ -534,8 +544,10 @@ class PostgresStore:
                 replaced = [key for key, inserted in claimed if not inserted]
                 if replaced:
                     cursor.execute(remove, [replaced])
-                if won:
-                    cursor.execute(move, [won])
+                if len(won) == len(documents):
+                    cursor.execute(move_all)
+                elif won:
+                    cursor.execute(move_claimed, [won])
         except psycopg.Error as exc:
             raise self._classified(writer, exc) from None
 
