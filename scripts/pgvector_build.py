@@ -52,12 +52,14 @@ from pathlib import Path
 
 __all__ = [
     "EMULATOR_CPU",
+    "BuildError",
     "PGVECTOR_VERSION",
     "SOURCE_SUITE",
     "cache_dir",
     "emulator_command",
     "ensure_emulator",
     "ensure_pgvector",
+    "apply_pg18_edits",
     "install_pgvector",
     "wants_portable_build",
 ]
@@ -180,12 +182,7 @@ def _build(install: Path, work: Path) -> None:
     with tarfile.open(sources / f"pgvector_{upstream}.orig.tar.gz") as archive:
         archive.extractall(sources, filter="data")
     tree = sources / f"pgvector-{upstream}"
-    for name, old, new, count in _PG18_EDITS:
-        path = tree / name
-        text = path.read_text(encoding="utf-8")
-        if text.count(old) != count:
-            raise BuildError(f"pgvector {version}: {name} does not hold {old!r} {count} time(s)")
-        path.write_text(text.replace(old, new), encoding="utf-8")
+    apply_pg18_edits(tree, version)
     shim = work / "shim"
     shim.mkdir()
     (shim / "xlocale.h").write_text(_XLOCALE, encoding="utf-8")
@@ -211,6 +208,20 @@ def _build(install: Path, work: Path) -> None:
         f"built in {time.monotonic() - started:.1f} s\n",
         encoding="utf-8",
     )
+
+
+def apply_pg18_edits(tree: Path, version: str) -> None:
+    """Adapt the pgvector source at ``tree`` to PostgreSQL 18; each edit must match exactly
+    as often as expected, or nothing is built (another version needs other edits)."""
+    edited: dict[Path, str] = {}
+    for name, old, new, count in _PG18_EDITS:
+        path = tree / name
+        text = edited.get(path) or path.read_text(encoding="utf-8")
+        if text.count(old) != count:
+            raise BuildError(f"pgvector {version}: {name} does not hold {old!r} {count} time(s)")
+        edited[path] = text.replace(old, new)
+    for path, text in edited.items():
+        path.write_text(text, encoding="utf-8")
 
 
 def ensure_emulator() -> Path:
@@ -262,12 +273,13 @@ def _os_release() -> dict[str, str]:
     return {key: value.strip().strip('"') for key, value in fields}
 
 
-def _archive() -> str:
+def _archive(etc: Path = Path("/etc/apt"), release: str | None = None) -> str:
     """``[signed-by=...] URI`` of the Debian archive the machine's apt uses for its release
     (its own mirror, whichever it is), for a one-line source entry."""
-    release = _os_release().get("VERSION_CODENAME", "")
+    if release is None:
+        release = _os_release().get("VERSION_CODENAME", "")
     entries: list[tuple[str, list[str], str | None]] = []  # (URI, suites, signed-by)
-    parts = Path("/etc/apt/sources.list.d")
+    parts = etc / "sources.list.d"
     for path in sorted(parts.glob("*.sources")) if parts.is_dir() else []:
         for stanza in re.split(r"\n\s*\n", path.read_text(encoding="utf-8")):
             fields = _deb822(stanza)
@@ -277,7 +289,7 @@ def _archive() -> str:
                 continue
             for uri in fields.get("uris", "").split():
                 entries.append((uri, fields.get("suites", "").split(), fields.get("signed-by")))
-    for path in [Path("/etc/apt/sources.list"), *sorted(parts.glob("*.list"))]:
+    for path in [etc / "sources.list", *sorted(parts.glob("*.list"))]:
         with contextlib.suppress(OSError):
             for line in path.read_text(encoding="utf-8").splitlines():
                 match = re.match(r"\s*deb\s+(\[[^\]]*\]\s+)?(\S+)\s+(\S+)", line)
