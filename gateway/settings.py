@@ -47,6 +47,20 @@ class GatewaySettings(BaseSettings):
         description="Per-request timeout; it becomes the Kafka request's deadline_ms, so a "
         "worker drops work whose caller has gone.",
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A connection must send a request's complete headers within this many "
+        "seconds of opening, and of the answer to its previous request; else it is answered "
+        "408 and closed (a client that sends part of its headers holds no connection).",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A request's whole body must arrive within this many seconds of its "
+        "headers; else it is answered 408 request_timeout in the API's error shape and the "
+        "connection is closed.",
+    )
     max_body_bytes: int = Field(
         4 * 1024 * 1024, gt=0, description="Largest request body; larger is 413."
     )

@@ -525,6 +525,24 @@ async def test_a_lone_surrogate_is_400() -> None:
     assert fake.calls == []
 
 
+async def test_a_body_the_framework_cannot_parse_answers_in_the_apis_shape() -> None:
+    """Bytes that are not UTF-8 make the framework give up before validation: still the
+    API's error shape (OpenAI 400, TEI 422), never FastAPI's {"detail": ...}; and so are
+    an unknown path (404) and a method a path does not take (405, with Allow)."""
+    headers = {"content-type": "application/json"}
+    async with served() as (http, fake):
+        openai = await http.post("/v1/embeddings", content=b'{"input": "\xff"}', headers=headers)
+        tei = await http.post("/embed", content=b'{"inputs": "\xff"}', headers=headers)
+        missing = await http.get("/v1/embedding")
+        wrong = await http.get("/rerank")
+    openai_error(openai, 400, "invalid_request", "invalid_request_error", param=None)
+    assert (tei.status_code, tei_error(tei)["error_type"]) == (422, "Validation")
+    openai_error(missing, 404, "not_found", "invalid_request_error")
+    assert (wrong.status_code, tei_error(wrong)["error_type"]) == (405, "Validation")
+    assert wrong.headers["allow"] == "POST"
+    assert fake.calls == []
+
+
 async def test_a_body_that_is_not_json_is_400_or_tei_422() -> None:
     headers = {"content-type": "application/json"}
     async with served() as (http, _):
