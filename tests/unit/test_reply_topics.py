@@ -4,10 +4,12 @@ which topics a request may have its answer written to, and where the answer goes
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
+import yaml  # type: ignore[import-untyped]
 from pydantic import ValidationError
 
 from kembed_shared.ports import Record
@@ -15,6 +17,7 @@ from kembed_shared.settings import describe_errors
 from producer_sdk import EmbedError
 from schemas import ErrorCode
 from schemas.headers import CORRELATION_ID, routing_headers
+from sink.settings import SinkSettings
 from worker.decode import Accepted, DeadLetter, Limits, ModelLimits, Rejected, decode_record
 from worker.settings import DEFAULT_INGEST_TOPICS, DEFAULT_REPLY_TOPICS, WorkerSettings
 
@@ -228,3 +231,26 @@ def test_an_interactive_request_cannot_reply_to_an_ingestion_topic(
     assert accepted.request.reply_to == "embed.ingest.docs"
     interactive = on_lane("embed.requests", request(reply_to="embed.results.docs"))
     assert isinstance(interactive, Accepted)  # interactive replies stay interactive's
+
+
+def test_the_sink_topics_of_the_chart_compose_and_sink_are_outside_the_interactive_replies() -> (
+    None
+):
+    """The default reply allow-list once covered the sink's input (embed.results.docs):
+    now the sink reads an ingestion topic, which the default reply_topics does not match
+    and ingest_topics does, in the Helm chart, in Compose and as the sink's default."""
+    root = Path(__file__).resolve().parents[2]
+    values = yaml.safe_load((root / "deploy/helm/kembed/values.yaml").read_text("utf-8"))
+    compose = yaml.safe_load((root / "deploy/compose/compose.yaml").read_text("utf-8"))
+    sink_env = compose["services"]["sink"]["environment"]
+    topics = {
+        values["sink"]["resultsTopic"],
+        sink_env["KEMBED_SINK_RESULTS_TOPIC"],
+        str(SinkSettings.model_fields["results_topic"].default),
+    }
+    assert topics == {"embed.ingest.docs"}
+    for topic in topics:
+        assert re.fullmatch(DEFAULT_REPLY_TOPICS, topic) is None
+        assert settings().ingest_topic(topic)
+    command = compose["services"]["topics"]["command"]
+    assert command[command.index("--results") + 1] == "embed.ingest.docs"
