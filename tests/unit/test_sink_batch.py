@@ -37,7 +37,7 @@ from sink.rows import Row
 from sink.settings import SinkSettings
 from sink.store import DimensionMismatchError, Metric, RowsRefusedError, TransientWriteError
 
-TOPIC = "embed.results.docs"
+TOPIC = "embed.ingest.docs"  # the sink's default results topic
 
 
 class Log:
