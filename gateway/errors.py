@@ -62,6 +62,9 @@ KINDS: dict[str, Kind] = {
     "input_too_long": Kind(400, _INVALID, 422, "Validation"),
     "invalid_api_key": Kind(401, _INVALID, 401, "Validation"),
     "model_not_found": Kind(404, _INVALID, 503, "Unhealthy"),
+    "not_found": Kind(404, _INVALID, 404, "Validation"),
+    "method_not_allowed": Kind(405, _INVALID, 405, "Validation"),
+    "request_timeout": Kind(408, _INVALID, 408, "Validation"),
     "request_too_large": Kind(413, _INVALID, 413, "Validation"),
     "overloaded": Kind(429, "rate_limit_error", 429, "Overloaded"),
     "internal": Kind(500, _SERVER, 424, "Backend"),
@@ -71,7 +74,9 @@ KINDS: dict[str, Kind] = {
     "deadline_exceeded": Kind(504, _SERVER, 504, "Unhealthy"),
 }
 """Gateway error code -> its statuses and types (TEI names no model: a ``model_not_found``
-there is the gateway's configured model that no live worker serves, so Unhealthy)."""
+there is the gateway's configured model that no live worker serves, so Unhealthy).
+``not_found`` and ``method_not_allowed`` answer a path or method no route has;
+``request_timeout`` a body that did not arrive within ``body_timeout_s``."""
 
 WIRE_CODES: dict[str, str] = {
     ErrorCode.INVALID_REQUEST: "invalid_request",

@@ -5,7 +5,10 @@ Nothing here raises for bad input. A message is answered with an error result wh
 names a request id (in the body, or in the ``kafka_correlationId`` header when the body is
 unreadable); only messages nobody could correlate an answer with go to the dead-letter
 topic, and so do messages whose reply topic the worker may not answer on
-(``reply_forbidden``): an error result would be written to that very topic.
+(``reply_forbidden``): an error result would be written to that very topic. An
+interactive request naming an ingestion results topic (``ingest_topics``: a sink's input,
+the bulk lane's alone) is answered there with an error result ``reply_forbidden``, its
+inputs not computed.
 
 Routing follows Spring's request/reply headers where the body is silent: the
 ``kafka_replyTopic`` and ``kafka_replyPartition`` headers fill a missing ``reply_to`` and
@@ -59,7 +62,13 @@ class Limits:
     topic_models: Mapping[str, str] = field(default_factory=dict)
     """Request topic -> the name of the model answering its requests that name none."""
     reply_allowed: Callable[[str], bool] = field(default=lambda topic: True)
-    """Whether a request may name a topic as its reply topic (the worker's reply_topics)."""
+    """Whether a request may name a topic as its reply topic (the worker's reply_topics,
+    ingest_topics and results topic)."""
+    ingest_topic: Callable[[str], bool] = field(default=lambda topic: False)
+    """Whether a topic is an ingestion results topic (ingest_topics): a reply topic for
+    requests of the bulk lane alone."""
+    bulk_topics: frozenset[str] = frozenset()
+    """The bulk lane's request topics."""
 
     def model_for(self, requested: str | None, topic: str) -> ModelLimits | None:
         if requested is not None:
@@ -122,7 +131,8 @@ def decode_record(record: Record, limits: Limits, now_ms: int) -> Decoded:
     if (forbidden := _forbidden(request.reply_to, limits)) is not None:
         return forbidden
     model = limits.model_for(request.model, record.topic)
-    problem = _check(request, limits, model, now_ms)
+    problem = _lane_problem(request.reply_to, record.topic, limits)
+    problem = problem or _check(request, limits, model, now_ms)
     if problem is not None or model is None:
         return Rejected(
             request.id,
@@ -141,6 +151,22 @@ def _forbidden(reply_to: str | None, limits: Limits) -> DeadLetter | None:
     return DeadLetter(
         ErrorCode.REPLY_FORBIDDEN,
         f"reply topic {reply_to!r} is not allowed: it must match the worker's reply_topics",
+    )
+
+
+def _lane_problem(reply_to: str | None, topic: str, limits: Limits) -> ErrorInfo | None:
+    """An interactive request that names an ingestion results topic (a sink's input) is
+    refused: only the bulk lane writes there. The error result goes to that topic (the
+    worker may write it, and the caller may be reading it); a sink dead-letters it, as it
+    does every result not of the bulk lane."""
+    if reply_to is None or topic in limits.bulk_topics or not limits.ingest_topic(reply_to):
+        return None
+    bulk = ", ".join(sorted(limits.bulk_topics)) or "none is served here"
+    return ErrorInfo(
+        ErrorCode.REPLY_FORBIDDEN,
+        f"reply topic {reply_to!r} is an ingestion results topic (the worker's "
+        f"ingest_topics): it takes results of the bulk lane only; send the request to a "
+        f"bulk topic ({bulk})",
     )
 
 

@@ -116,8 +116,8 @@ class Metrics:
         )
         self.latency_seconds = Histogram(
             "kembed_request_latency_seconds",
-            "End to end: from the request's produce timestamp to the broker's "
-            "acknowledgement of its answer.",
+            "End to end: from the request's record timestamp (the broker's append time on "
+            "LogAppendTime topics, as planned) to the broker's acknowledgement of its answer.",
             ["lane"],
             buckets=_WAIT_BUCKETS,
             registry=r,

@@ -26,6 +26,7 @@ from kembed_shared.settings import KafkaClientSettings, none_if_blank
 
 __all__ = [
     "DEFAULT_MODEL",
+    "DEFAULT_INGEST_TOPICS",
     "DEFAULT_REPLY_TOPICS",
     "ModelSpec",
     "WorkerSettings",
@@ -33,6 +34,7 @@ __all__ = [
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_REPLY_TOPICS = r"embed\.results(\..+)?"
+DEFAULT_INGEST_TOPICS = r"embed\.ingest\..+"
 
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -99,13 +101,27 @@ class WorkerSettings(KafkaClientSettings):
     # reply topics a request may name (reply_to, or the kafka_replyTopic header)
     reply_topics: str = Field(
         DEFAULT_REPLY_TOPICS,
-        description="Regular expression that a request's reply_to must match in full; the "
-        "results topic is always allowed. A request naming another topic is not computed: "
-        "it is dead-lettered with code reply_forbidden. The default allows embed.results and "
-        "embed.results.*, so the worker needs WRITE only on the prefix embed.results.",
+        description="Regular expression of the interactive reply topics, that a request's "
+        "reply_to must match in full (or ingest_topics, for a bulk request); the results "
+        "topic is always allowed. A request naming another topic is not computed: it is "
+        "dead-lettered with code reply_forbidden. The default allows embed.results and "
+        "embed.results.*, so with the default ingest_topics the worker needs WRITE only on "
+        "the prefixes embed.results and embed.ingest.",
     )
 
-    @field_validator("reply_topics")
+    # ingestion results topics (the sinks' input): the bulk lane's alone
+    ingest_topics: str = Field(
+        DEFAULT_INGEST_TOPICS,
+        description="Regular expression of the ingestion results topics, the sinks' input: "
+        "only requests of the bulk lane (a bulk topic) may name one as reply topic, whatever "
+        "reply_topics says, and their results carry the header kembed.lane: bulk that a "
+        "sink requires. An interactive request naming one is not computed: it is answered "
+        "there with an error result reply_forbidden (which a sink dead-letters). The "
+        "default, embed.ingest.*, keeps them apart from the interactive replies of "
+        "reply_topics. Empty: none.",
+    )
+
+    @field_validator("reply_topics", "ingest_topics")
     @classmethod
     def _compile_reply_topics(cls, value: str) -> str:
         try:
@@ -114,9 +130,27 @@ class WorkerSettings(KafkaClientSettings):
             raise ValueError(f"not a valid regular expression: {exc}") from None
         return value
 
+    @model_validator(mode="after")
+    def _results_topic_is_not_an_ingest_topic(self) -> Self:
+        if self.ingest_topic(self.results_topic):
+            raise ValueError(
+                f"results_topic {self.results_topic!r} matches ingest_topics: the results of "
+                "interactive requests would reach a sink's input"
+            )
+        return self
+
+    def ingest_topic(self, topic: str) -> bool:
+        """Whether ``topic`` is an ingestion results topic (the bulk lane's alone)."""
+        return bool(self.ingest_topics) and re.fullmatch(self.ingest_topics, topic) is not None
+
     def reply_topic_allowed(self, topic: str) -> bool:
-        """Whether a request may name ``topic`` as its reply topic."""
-        return topic == self.results_topic or re.fullmatch(self.reply_topics, topic) is not None
+        """Whether a request may name ``topic`` as its reply topic (an ingestion results
+        topic: only a request of the bulk lane, see :meth:`ingest_topic`)."""
+        return (
+            topic == self.results_topic
+            or re.fullmatch(self.reply_topics, topic) is not None
+            or self.ingest_topic(topic)
+        )
 
     group_id: str = Field(
         "kembed-workers",
