@@ -343,7 +343,8 @@ def open_cache(
     """The vector cache of ``settings``: the served models fingerprinted (every file read,
     once per load) and its persisted entries read back (blocking)."""
     cache = VectorCache(settings.cache_bytes, metrics)
-    served = [(m.name, m.encoder.info.path) for m in models]
+    # A reranker's scores are not cached (a score belongs to a pair): nothing to key.
+    served = [(m.name, m.encoder.info.path) for m in models if m.kind == EMBED]
     cache.prepare(directory for _, directory in served)
     if settings.cache_path and cache.enabled:
         cache.open(Path(settings.cache_path), served)
