@@ -276,6 +276,7 @@ class VectorCache:
         these fingerprints from then on, whatever happens to the files later."""
         if not self.enabled:
             return
+        code_versions()  # reads the packages' metadata (~15 ms): here, not on a lookup
         for directory in directories:
             if directory not in self._fingerprints:
                 self._fingerprints[directory] = model_fingerprint(directory)
@@ -340,6 +341,7 @@ class VectorCache:
             return
         identity = self.identity(name, info)
         added: list[tuple[bytes, Entry]] = []
+        added_bytes = 0
         evicted: list[bytes] = []
         with self._lock:
             for note, row, tokens in entries:
@@ -348,16 +350,19 @@ class VectorCache:
                     continue
                 vector = np.ascontiguousarray(row, dtype=np.float32).tobytes()
                 entry = Entry(vector, tokens, note.truncated, name)
-                if self._add(key, entry, evicted):
+                size = self._add(key, entry, evicted)
+                if size:
                     added.append((key, entry))
+                    added_bytes += size
         if self._store is not None and (added or evicted):
-            self._store.write(added, evicted)
+            self._store.write(added, evicted, added_bytes)
 
-    def _add(self, key: bytes, entry: Entry, evicted: list[bytes]) -> bool:
-        """Insert (lock held), evicting the least recently used to make room."""
+    def _add(self, key: bytes, entry: Entry, evicted: list[bytes]) -> int:
+        """Insert (lock held), evicting the least recently used to make room; the entry's
+        bytes, 0 if it is larger than the whole budget (not kept)."""
         size = self.entry_bytes(key, entry.vector)
         if size > self.max_bytes:
-            return False
+            return 0
         while self.size_bytes + size > self.max_bytes:
             old_key, old = self._entries.popitem(last=False)
             self._account(old.model, -self.entry_bytes(old_key, old.vector), -1)
@@ -366,7 +371,7 @@ class VectorCache:
                 self._metrics.cache_evictions.labels(old.model).inc()
         self._entries[key] = entry
         self._account(entry.model, size, 1)
-        return True
+        return size
 
     def _account(self, model: str, size: int, count: int) -> None:
         self._bytes[model] = self._bytes.get(model, 0) + size

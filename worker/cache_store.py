@@ -179,10 +179,13 @@ class SqliteStore:
     def touch(self, keys: list[bytes]) -> None:
         self._put("touch", keys, _keys_bytes(keys))
 
-    def write(self, added: list[tuple[bytes, Entry]], evicted: list[bytes]) -> None:
+    def write(
+        self, added: list[tuple[bytes, Entry]], evicted: list[bytes], added_bytes: int
+    ) -> None:
+        """Queue ``added`` (their :func:`entry_bytes`: ``added_bytes``) and ``evicted``."""
         # In this order: an entry added and evicted by one store() leaves no row.
         if added:
-            self._put("insert", added, sum(entry_bytes(k, e.vector) for k, e in added))
+            self._put("insert", added, added_bytes)
         if evicted:
             self._put("delete", evicted, _keys_bytes(evicted))
 
@@ -312,7 +315,8 @@ class SqliteStore:
 
 
 def _keys_bytes(keys: list[bytes]) -> int:
-    return sum(len(k) for k in keys) + len(keys) * _KEY_OVERHEAD
+    # Keys are all of one length (identity + content digests).
+    return len(keys) * (len(keys[0]) + _KEY_OVERHEAD) if keys else 0
 
 
 _CHANGES = ("insert", "delete", "touch")
