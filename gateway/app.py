@@ -86,6 +86,7 @@ def create_app(
             reply_topic=settings.reply_topic,
             catalog_topic=settings.catalog_topic,
             timeout=settings.timeout_s,
+            max_input_chars=settings.max_input_chars,
         )
         try:
             await client.start()

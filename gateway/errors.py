@@ -19,6 +19,7 @@ from producer_sdk.errors import (
     ClientClosedError,
     EmbedError,
     EmbedTimeoutError,
+    InputTooLongError,
     KembedError,
     RequestTooLargeError,
 )
@@ -162,6 +163,13 @@ def from_sdk(error: KembedError, *, workers_live: bool = True, field: str = "inp
             f"the request would be {error.size} bytes on Kafka, above its limit of "
             f"{error.limit}; send fewer or shorter texts",
             param=field,
+        )
+    if isinstance(error, InputTooLongError):  # the client's limit is below the gateway's
+        where = "query" if error.index is None else f"{field}[{error.index}]"
+        return ApiError(
+            "input_too_long",
+            f"{where} has {error.length} characters, above the limit of {error.limit}",
+            param="query" if error.index is None else field,
         )
     if isinstance(error, CatalogUnavailableError | ClientClosedError):
         return ApiError("kafka_unavailable", "Kafka is not reachable from the gateway")

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kembed_shared import service_fields as fields
 from kembed_shared.settings import none_if_blank
+from schemas import DEFAULT_MAX_INPUT_CHARS
 
 __all__ = ["GatewaySettings"]
 
@@ -69,6 +70,13 @@ class GatewaySettings(BaseSettings):
         gt=0,
         description="Most inputs (texts to embed, documents to rerank) in one request; more "
         "is 400 (too_many_inputs).",
+    )
+    max_input_chars: int = Field(
+        DEFAULT_MAX_INPUT_CHARS,
+        gt=0,
+        description="Most characters in one text (an input, a query, a document); longer "
+        "is input_too_long (OpenAI's shape: 400; TEI's: 422). The gateway's client sends "
+        "with the same limit; keep it at or below the workers' KEMBED_MAX_INPUT_CHARS.",
     )
     max_in_flight: int = Field(
         256,

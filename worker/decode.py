@@ -69,6 +69,8 @@ class Limits:
     requests of the bulk lane alone."""
     bulk_topics: frozenset[str] = frozenset()
     """The bulk lane's request topics."""
+    max_input_chars: int | None = None
+    """Most characters in a text (an unchunked input, a query, a document); None: any."""
 
     def model_for(self, requested: str | None, topic: str) -> ModelLimits | None:
         if requested is not None:
@@ -187,6 +189,10 @@ def _check(
         )
     if request.deadline_ms is not None and request.deadline_ms <= now_ms:
         return ErrorInfo(ErrorCode.DEADLINE_EXCEEDED, "deadline passed before computation")
+    if limits.max_input_chars is not None:
+        too_long = _too_many_chars(request, limits.max_input_chars)
+        if too_long is not None:
+            return too_long
     if model is None:
         return _unknown_model(limits)
     if request_kind(request) != model.kind:
@@ -194,6 +200,33 @@ def _check(
     if isinstance(request, RerankRequest):
         return None
     return _check_embed(request, model)
+
+
+def _too_many_chars(request: Request, limit: int) -> ErrorInfo | None:
+    """``input_too_long`` for the first text over ``limit`` characters: an input of an
+    embed request without chunking (chunks use all of a text), the query (no index) or a
+    document of a rerank request."""
+    if isinstance(request, RerankRequest):
+        if len(request.query) > limit:
+            return _chars_error("the query", len(request.query), limit, None)
+        texts, what = request.documents, "document"
+    elif request.chunking is None:
+        texts, what = request.inputs, "input"
+    else:
+        return None
+    for index, text in enumerate(texts):
+        if len(text) > limit:
+            return _chars_error(f"the {what}", len(text), limit, index)
+    return None
+
+
+def _chars_error(what: str, length: int, limit: int, index: int | None) -> ErrorInfo:
+    return ErrorInfo(
+        ErrorCode.INPUT_TOO_LONG,
+        f"{what} has {length} characters, above the worker's max_input_chars {limit} "
+        "(a model uses only a text's first tokens; send less of it)",
+        index,
+    )
 
 
 def _check_embed(request: EmbedRequest, model: ModelLimits) -> ErrorInfo | None:

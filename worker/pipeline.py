@@ -440,7 +440,10 @@ class Pipeline:
                 tokenizer = model.tokenizer
                 self._chunkers[model.name] = Chunker(tokenizer.tokenizer, tokenizer.max_length)
             work.append((request, self._chunkers[model.name], model.prompt_for(request)))
-        expand = partial(expand_all, work, self._settings.max_client_batch_size)
+        settings = self._settings
+        expand = partial(
+            expand_all, work, settings.max_client_batch_size, settings.max_chunk_tokens_factor
+        )
         chars = sum(len(text) for request, _, _ in work for text in request.inputs)
         if chars <= _INLINE_TOKENIZE_CHARS:
             expanded = expand()  # cheaper than a thread hop
@@ -939,6 +942,7 @@ def _limits(models: Sequence[ServedModel], settings: WorkerSettings) -> Limits:
         reply_allowed=settings.reply_topic_allowed,
         ingest_topic=settings.ingest_topic,
         bulk_topics=frozenset(model.bulk_topic for model in models) - {""},
+        max_input_chars=settings.max_input_chars,
     )
 
 

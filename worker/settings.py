@@ -23,6 +23,7 @@ from pydantic_settings import SettingsConfigDict
 
 from kembed_shared import service_fields as fields
 from kembed_shared.settings import KafkaClientSettings, none_if_blank
+from schemas import DEFAULT_MAX_INPUT_CHARS
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -366,6 +367,23 @@ class WorkerSettings(KafkaClientSettings):
         512,
         gt=0,
         description="Most inputs in one request; more is a too_many_inputs error.",
+    )
+    max_input_chars: int = Field(
+        DEFAULT_MAX_INPUT_CHARS,
+        gt=0,
+        description="Most characters (code points) in one text: an input of an embed "
+        "request without chunking, a rerank query or document. More is an input_too_long "
+        "error naming the input (or document; none for the query). A model uses only its "
+        "first max_seq_length tokens of a text, so a longer text only costs tokenizing.",
+    )
+    max_chunk_tokens_factor: float = Field(
+        4.0,
+        ge=1,
+        description="Most tokens the chunks of one input of a chunked request may hold "
+        "together (special and prompt tokens included), as a multiple of the tokens of "
+        "the input tokenized whole (with its special and prompt tokens); more is an "
+        "invalid_request error naming the input. Bounds what overlap and per-chunk "
+        "overhead make of a text (windows of a few tokens, long prompts).",
     )
     max_inflight_inputs: int = Field(
         8192,

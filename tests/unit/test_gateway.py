@@ -937,3 +937,21 @@ def _no_gateway_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("KEMBED_GATEWAY_"):
             monkeypatch.delenv(name)
+
+
+async def test_a_text_over_max_input_chars_is_input_too_long_in_both_shapes() -> None:
+    """A text of more than max_input_chars characters: OpenAI's 400 input_too_long naming
+    the input, TEI's 422 Validation; nothing is sent, a text at the limit is; the client is
+    made with the same limit."""
+    async with served(max_input_chars=10) as (http, fake):
+        openai = await http.post("/v1/embeddings", json={"model": MODEL, "input": ["a", "b" * 11]})
+        tei = await http.post("/embed", json={"inputs": "c" * 11})
+        assert fake.calls == []
+        fits = await http.post("/v1/embeddings", json={"model": MODEL, "input": "d" * 10})
+    error = openai_error(openai, 400, "input_too_long", "invalid_request_error", param="input")
+    assert "input[1] has 11 characters, above this gateway's limit of 10" in error["message"]
+    assert tei.status_code == 422
+    assert tei_error(tei)["error_type"] == "Validation"
+    assert "has 11 characters" in tei_error(tei)["error"]
+    assert fits.status_code == 200
+    assert fake.options["max_input_chars"] == 10
