@@ -11,6 +11,7 @@ is parsed, and counts and times every API request.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import openai_api, rerank_api, tei_api
@@ -44,6 +46,9 @@ API_ENDPOINTS = frozenset({"/v1/embeddings", "/v1/models", "/v1/rerank", "/embed
 TEI_ENDPOINTS = frozenset({"/embed", "/rerank"})
 """The endpoints that answer errors in TEI's shape (the others: OpenAI's)."""
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 408: "request_timeout"}
+"""The gateway code of the framework's own HTTP errors (the rest: invalid_request, or
+internal from 500 on)."""
 
 ClientFactory = Callable[..., GatewayClient]
 """Makes the client: ``EmbedClient(bootstrap_servers, **options)`` (a fake in tests)."""
@@ -81,6 +86,7 @@ def create_app(
             reply_topic=settings.reply_topic,
             catalog_topic=settings.catalog_topic,
             timeout=settings.timeout_s,
+            max_input_chars=settings.max_input_chars,
         )
         try:
             await client.start()
@@ -125,7 +131,15 @@ def create_app(
     app.include_router(tei_api.router, dependencies=bearer)
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
-    app.add_middleware(Guard, keys=keys, metrics=metrics, max_body_bytes=settings.max_body_bytes)
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _failed)
+    app.add_middleware(
+        Guard,
+        keys=keys,
+        metrics=metrics,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout_s=settings.body_timeout_s,
+    )
 
     @app.get("/health", tags=["operations"])
     async def health() -> dict[str, str]:
@@ -194,19 +208,53 @@ async def _invalid(request: Request, error: RequestValidationError) -> JSONRespo
     return error_response(answer, shape_of(request.url.path))
 
 
+async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
+    """The framework's own answers (no route for the path: 404; not for the method: 405;
+    a body it could not parse: 400) in the API's shape, not FastAPI's ``{"detail": ...}``."""
+    code = _HTTP_CODES.get(error.status_code)
+    if code is None:
+        code = "internal" if error.status_code >= 500 else "invalid_request"
+    if code == "not_found":
+        message = f"no endpoint {request.url.path!r}: see /docs"[:300]
+    elif code == "method_not_allowed":
+        message = f"{request.url.path!r} does not take {request.method}"[:300]
+    elif code == "invalid_request":
+        message = "the body could not be parsed: send it as UTF-8 JSON"
+    else:
+        message = "the gateway failed to answer the request"
+    headers = dict(error.headers or {})  # 405: Allow
+    answer = ApiError(code, message, headers=headers)
+    return error_response(answer, shape_of(request.url.path))
+
+
+async def _failed(request: Request, error: Exception) -> JSONResponse:
+    """Anything else that escaped a route: 500 ``internal`` in the API's shape (the error
+    is logged by the server, without the request)."""
+    log.error("gateway.failed", error_type=type(error).__name__, path=request.url.path[:300])
+    answer = ApiError("internal", "the gateway failed to answer the request")
+    return error_response(answer, shape_of(request.url.path))
+
+
 class Guard:
     """Pure ASGI middleware before the routes: the API key, then the body size (the
     Content-Length header, then the bytes as they stream in; the body is read here, at
-    most ``max_body_bytes`` of it, and handed on whole), and for the API endpoints the
-    request's metrics and log line."""
+    most ``max_body_bytes`` of it, within ``body_timeout_s`` of the headers, and handed on
+    whole), and for the API endpoints the request's metrics and log line."""
 
     def __init__(
-        self, app: ASGIApp, *, keys: ApiKeys, metrics: GatewayMetrics, max_body_bytes: int
+        self,
+        app: ASGIApp,
+        *,
+        keys: ApiKeys,
+        metrics: GatewayMetrics,
+        max_body_bytes: int,
+        body_timeout_s: float = 30.0,
     ) -> None:
         self.app = app
         self.keys = keys
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -244,7 +292,15 @@ class Guard:
             await error_response(error, shape)(scope, receive, send)
             return
         if scope["method"] in _BODY_METHODS:
-            body = await self._body(headers, receive)
+            try:
+                async with asyncio.timeout(self.body_timeout_s):
+                    body = await self._body(headers, receive)
+            except TimeoutError:
+                body = ApiError(
+                    "request_timeout",
+                    f"the body did not arrive within {self.body_timeout_s:g} s",
+                    headers={"Connection": "close"},  # the rest of it is not read
+                )
             if isinstance(body, ApiError):
                 await error_response(body, shape)(scope, receive, send)
                 return

@@ -19,6 +19,7 @@ from producer_sdk.errors import (
     ClientClosedError,
     EmbedError,
     EmbedTimeoutError,
+    InputTooLongError,
     KembedError,
     RequestTooLargeError,
 )
@@ -62,6 +63,9 @@ KINDS: dict[str, Kind] = {
     "input_too_long": Kind(400, _INVALID, 422, "Validation"),
     "invalid_api_key": Kind(401, _INVALID, 401, "Validation"),
     "model_not_found": Kind(404, _INVALID, 503, "Unhealthy"),
+    "not_found": Kind(404, _INVALID, 404, "Validation"),
+    "method_not_allowed": Kind(405, _INVALID, 405, "Validation"),
+    "request_timeout": Kind(408, _INVALID, 408, "Validation"),
     "request_too_large": Kind(413, _INVALID, 413, "Validation"),
     "overloaded": Kind(429, "rate_limit_error", 429, "Overloaded"),
     "internal": Kind(500, _SERVER, 424, "Backend"),
@@ -71,7 +75,9 @@ KINDS: dict[str, Kind] = {
     "deadline_exceeded": Kind(504, _SERVER, 504, "Unhealthy"),
 }
 """Gateway error code -> its statuses and types (TEI names no model: a ``model_not_found``
-there is the gateway's configured model that no live worker serves, so Unhealthy)."""
+there is the gateway's configured model that no live worker serves, so Unhealthy).
+``not_found`` and ``method_not_allowed`` answer a path or method no route has;
+``request_timeout`` a body that did not arrive within ``body_timeout_s``."""
 
 WIRE_CODES: dict[str, str] = {
     ErrorCode.INVALID_REQUEST: "invalid_request",
@@ -157,6 +163,13 @@ def from_sdk(error: KembedError, *, workers_live: bool = True, field: str = "inp
             f"the request would be {error.size} bytes on Kafka, above its limit of "
             f"{error.limit}; send fewer or shorter texts",
             param=field,
+        )
+    if isinstance(error, InputTooLongError):  # the client's limit is below the gateway's
+        where = "query" if error.index is None else f"{field}[{error.index}]"
+        return ApiError(
+            "input_too_long",
+            f"{where} has {error.length} characters, above the limit of {error.limit}",
+            param="query" if error.index is None else field,
         )
     if isinstance(error, CatalogUnavailableError | ClientClosedError):
         return ApiError("kafka_unavailable", "Kafka is not reachable from the gateway")

@@ -132,7 +132,7 @@ class Gateway:
                 param=field,
             )
         for index, text in enumerate(texts):
-            _check_text(text, f"{field}[{index}]", field)
+            _check_text(text, f"{field}[{index}]", field, self.settings.max_input_chars)
 
     async def embed(self, texts: Sequence[str], options: EmbedOptions) -> Outcome[Embeddings]:
         """The result for ``texts``; raises ApiError for everything that is not one."""
@@ -148,7 +148,7 @@ class Gateway:
     ) -> Outcome[Reranked]:
         """The scores of ``documents`` (what the API calls ``field``) for ``query``, by the
         model named, else :meth:`default_reranker`; raises ApiError for everything else."""
-        _check_text(query, "query", "query")
+        _check_text(query, "query", "query", self.settings.max_input_chars)
         self.check_inputs(documents, field)
         model = options.get("model") or await self.default_reranker()
         chosen: RerankOptions = {**options, "model": model}
@@ -270,10 +270,18 @@ class Gateway:
         return any(self.settings.requests_topic in entry.topics for entry in models)
 
 
-def _check_text(text: str, where: str, param: str) -> None:
-    """One text: not empty, and encodable as UTF-8 (``where`` names it in the message)."""
+def _check_text(text: str, where: str, param: str, max_chars: int) -> None:
+    """One text: not empty, at most ``max_chars`` characters, and encodable as UTF-8
+    (``where`` names it in the message)."""
     if not text:
         raise ApiError("invalid_request", f"{where} is empty", param=param)
+    if len(text) > max_chars:
+        raise ApiError(
+            "input_too_long",
+            f"{where} has {len(text)} characters, above this gateway's limit of {max_chars} "
+            "(a model uses only a text's first tokens; send less of it)",
+            param=param,
+        )
     if not text.isascii() and _SURROGATE.search(text):
         raise ApiError(
             "invalid_request",

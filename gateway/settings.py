@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kembed_shared import service_fields as fields
 from kembed_shared.settings import none_if_blank
+from schemas import DEFAULT_MAX_INPUT_CHARS
 
 __all__ = ["GatewaySettings"]
 
@@ -29,7 +30,9 @@ class GatewaySettings(BaseSettings):
     api_keys: SecretStr | None = Field(
         None,
         description="Comma-separated API keys, or the absolute path of a file of keys (one "
-        "per line, as api_keys_file reads it: a mounted secret). When set (or "
+        "per line, as api_keys_file reads it: a mounted secret). A single value that starts "
+        "with / is always a path: a file that cannot be read is a settings error, never a "
+        "key. When set (or "
         "api_keys_file), every endpoint but /health, /ready and /metrics needs "
         "'Authorization: Bearer <key>'. Prefer the env var or a file to the flag; keys are "
         "never logged.",
@@ -45,6 +48,20 @@ class GatewaySettings(BaseSettings):
         description="Per-request timeout; it becomes the Kafka request's deadline_ms, so a "
         "worker drops work whose caller has gone.",
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A connection must send a request's complete headers within this many "
+        "seconds of opening, and of the answer to its previous request; else it is answered "
+        "408 and closed (a client that sends part of its headers holds no connection).",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A request's whole body must arrive within this many seconds of its "
+        "headers; else it is answered 408 request_timeout in the API's error shape and the "
+        "connection is closed.",
+    )
     max_body_bytes: int = Field(
         4 * 1024 * 1024, gt=0, description="Largest request body; larger is 413."
     )
@@ -53,6 +70,13 @@ class GatewaySettings(BaseSettings):
         gt=0,
         description="Most inputs (texts to embed, documents to rerank) in one request; more "
         "is 400 (too_many_inputs).",
+    )
+    max_input_chars: int = Field(
+        DEFAULT_MAX_INPUT_CHARS,
+        gt=0,
+        description="Most characters in one text (an input, a query, a document); longer "
+        "is input_too_long (OpenAI's shape: 400; TEI's: 422). The gateway's client sends "
+        "with the same limit; keep it at or below the workers' KEMBED_MAX_INPUT_CHARS.",
     )
     max_in_flight: int = Field(
         256,
@@ -93,7 +117,7 @@ class GatewaySettings(BaseSettings):
         if self.api_keys is not None:
             value = self.api_keys.get_secret_value().strip()
             if _names_a_file(value):
-                keys += _keys_in_file(value, "api_keys")
+                keys += _keys_in_file(value, "api_keys", echo=False)
             else:
                 keys += [key.strip() for key in value.split(",")]
         if self.api_keys_file is not None:
@@ -109,21 +133,25 @@ class GatewaySettings(BaseSettings):
 
 
 def _names_a_file(value: str) -> bool:
-    """Whether an ``api_keys`` value is the path of a key file rather than keys: an absolute
-    path of an existing file, with no comma. (A key that happens to start with ``/`` is a
-    key unless such a file exists; a path that does not exist is never echoed back.)"""
-    return value.startswith("/") and "," not in value and Path(value).is_file()
+    """Whether an ``api_keys`` value is the path of a key file rather than keys: one value
+    (no comma) that starts with ``/``, whether or not the file exists. A file that is
+    missing or unreadable is a settings error, never a key: a secret that failed to mount
+    must not become the one valid key. (A key that starts with ``/`` goes in a key file, or
+    in a comma-separated list.)"""
+    return value.startswith("/") and "," not in value
 
 
-def _keys_in_file(path: str, setting: str) -> list[str]:
-    """The keys of a key file: one per line; blank lines and ``#`` comments skipped."""
+def _keys_in_file(path: str, setting: str, *, echo: bool = True) -> list[str]:
+    """The keys of a key file: one per line; blank lines and ``#`` comments skipped.
+    ``echo``: the error may name the path (not for ``api_keys``, whose value might be a
+    key that starts with ``/``); never the file's content."""
+    where = f"{setting} {path!r}" if echo else f"{setting} (a path: it starts with '/')"
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        # the path only: never the file's content
-        raise ValueError(f"{setting} {path!r} cannot be read ({type(exc).__name__})") from None
+        raise ValueError(f"{where}: the key file cannot be read ({type(exc).__name__})") from None
     lines = [line.strip() for line in text.splitlines()]
     keys = [line for line in lines if line and not line.startswith("#")]
     if not keys:
-        raise ValueError(f"{setting} {path!r} holds no key")
+        raise ValueError(f"{where} holds no key")
     return keys

@@ -46,6 +46,7 @@ from pydantic import SecretStr
 from loadtest.files import save_report
 from loadtest.hnsw import cached_model_vectors
 from schemas import EmbedResult, decode_result, encode_result
+from schemas.headers import LANE, LANE_BULK
 from scripts.kafka_local import LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
 from sink.postgres import PostgresStore, copy_data
@@ -56,6 +57,7 @@ from sink.targets import parse_target
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
+BULK_LANE = [(LANE, LANE_BULK.encode())]
 TOPIC = "loadtest.sink.results"
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 BUILD_MEMORY_MB = SinkSettings.model_fields["index_build_memory_mb"].default
@@ -245,7 +247,8 @@ async def _publish(bootstrap: str, messages: list[bytes]) -> None:
     await producer.start()
     try:
         sent = [
-            await producer.send(TOPIC, value, key=f"req-{i}".encode())
+            # stamped as a worker stamps results of bulk requests: the only ones a sink writes
+            await producer.send(TOPIC, value, key=f"req-{i}".encode(), headers=BULK_LANE)
             for i, value in enumerate(messages)
         ]
         await asyncio.gather(*sent)

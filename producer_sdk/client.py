@@ -35,6 +35,7 @@ from producer_sdk.errors import (
     ClientClosedError,
     EmbedError,
     EmbedTimeoutError,
+    InputTooLongError,
     KembedError,
     RequestTooLargeError,
     UnexpectedEncodingError,
@@ -333,7 +334,8 @@ class EmbedClient:
         ``invalid_request`` at once, without sending, when the catalog says ``model`` is a
         reranker), EmbedTimeoutError when no result arrives within ``timeout`` seconds, and
         AuthorizationError at once when this client may not write the request topic (or
-        read the reply topic).
+        read the reply topic), and InputTooLongError without sending when a text (of a
+        request without ``chunking``) has more than ``max_input_chars`` characters.
         """
         result = await self.embed_result(
             texts,
@@ -416,10 +418,13 @@ class EmbedClient:
 
         Raises what :meth:`embed` raises: EmbedError (with the wire ``code``; and at once,
         ``invalid_request`` without sending, when the catalog says ``model`` is an embedding
-        model), EmbedTimeoutError, AuthorizationError; UnexpectedResultError when the worker
-        answers anything but the scores of these documents.
+        model), EmbedTimeoutError, AuthorizationError, InputTooLongError (the query or a
+        document over ``max_input_chars`` characters; nothing sent); UnexpectedResultError
+        when the worker answers anything but the scores of these documents.
         """
         check_rerank_arguments(query, documents, top_n, truncation_direction)
+        check_lengths([query], self.config.max_input_chars, "query")
+        check_lengths(documents, self.config.max_input_chars, "document")
         request = RerankRequest(
             id=uuid.uuid4().hex,
             query=query,
@@ -524,7 +529,8 @@ class EmbedClient:
         vector cache holds them.
 
         Raises TypeError or ValueError for invalid arguments, RequestTooLargeError when the
-        encoded request exceeds ``max_request_bytes``, ClientClosedError when the client is
+        encoded request exceeds ``max_request_bytes``, InputTooLongError when a text (without
+        ``chunking``) exceeds ``max_input_chars``, ClientClosedError when the client is
         not started, AuthorizationError when the request topic may not be written, and
         EmbedError ``invalid_request`` when the catalog says ``model`` is a reranker; in all
         of these cases nothing was sent.
@@ -593,6 +599,8 @@ class EmbedClient:
                 f"truncation_direction must be 'right' or 'left', not {truncation_direction!r}"
             )
         _check_chunking(chunking, chunk_pooling)
+        if chunking is None:  # chunks use all of a text: no cap
+            check_lengths(texts, self.config.max_input_chars)
         return EmbedRequest(
             id=request_id or uuid.uuid4().hex,
             inputs=tuple(texts),
@@ -672,6 +680,14 @@ def _check_texts(texts: Sequence[str]) -> None:
         raise TypeError("texts must be a sequence of strings")
     if not texts:
         raise ValueError("texts must not be empty")
+
+
+def check_lengths(texts: Sequence[str], limit: int, item: str = "input") -> None:
+    """InputTooLongError for the first of ``texts`` over ``limit`` characters (``item``:
+    what they are; "query": one text, named without an index)."""
+    for index, text in enumerate(texts):
+        if len(text) > limit:
+            raise InputTooLongError(len(text), limit, None if item == "query" else index, item)
 
 
 def _check_chunking(chunking: Chunking | None, pooling: str) -> None:

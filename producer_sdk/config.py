@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import SecretStr
 
 from kembed_shared.security_fields import security_problems
+from schemas import DEFAULT_MAX_INPUT_CHARS
 
 __all__ = ["ClientConfig"]
 
@@ -31,6 +32,11 @@ class ClientConfig:
     """Largest request message this client sends; a larger one raises RequestTooLargeError
     before anything is sent. Keep it at or below the workers' KEMBED_MAX_REQUEST_BYTES
     (default 4 MiB) and the request topics' max.message.bytes."""
+    max_input_chars: int = DEFAULT_MAX_INPUT_CHARS
+    """Most characters (code points) in one text: an input of an unchunked embed request,
+    a rerank query or document. A longer one raises InputTooLongError before anything is
+    sent; keep it at or below the workers' KEMBED_MAX_INPUT_CHARS (the same default),
+    which answer it input_too_long."""
     reply_partition: int | None = None
     """The reply partition this client reads; None picks one at random at start."""
     model: str | None = None
@@ -81,6 +87,8 @@ class ClientConfig:
     def __post_init__(self) -> None:
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be positive, not {self.max_request_bytes}")
+        if self.max_input_chars < 1:
+            raise ValueError(f"max_input_chars must be positive, not {self.max_input_chars}")
         if self.isolation_level not in ("read_uncommitted", "read_committed"):
             raise ValueError(
                 f"isolation_level must be read_uncommitted or read_committed, "

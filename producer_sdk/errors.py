@@ -9,6 +9,7 @@ Exception tree::
     ├── UnexpectedResultError    the result is not of the kind asked for (vectors, scores)
     ├── ClientClosedError        the client was closed while the call waited
     ├── RequestTooLargeError     the encoded request exceeds max_request_bytes (a ValueError)
+    ├── InputTooLongError        a text exceeds max_input_chars (a ValueError)
     ├── IngestError              ``ingest()`` stopped; ``summary`` says what was sent before
     ├── CatalogUnavailableError  the model catalog could not be read (``models()``)
     └── KafkaAccessError         Kafka refused this client; retrying will not help
@@ -35,6 +36,7 @@ __all__ = [
     "EmbedError",
     "EmbedTimeoutError",
     "IngestError",
+    "InputTooLongError",
     "KafkaAccessError",
     "KembedError",
     "RequestTooLargeError",
@@ -130,6 +132,27 @@ class RequestTooLargeError(KembedError, ValueError):
         )
         self.size = size
         self.limit = limit
+
+
+class InputTooLongError(KembedError, ValueError):
+    """A text has more characters than the client's ``max_input_chars``: nothing was sent.
+
+    ``index`` is the input (``item`` "input") or document ("document") at fault, None for
+    a rerank query ("query"). The workers answer such a text ``input_too_long`` (their
+    KEMBED_MAX_INPUT_CHARS, the same default): a model uses only a text's first tokens,
+    so send less of it, or embed it with ``chunking`` (chunked inputs have no such limit).
+    """
+
+    def __init__(self, length: int, limit: int, index: int | None = None, item: str = "input"):
+        what = "the query" if index is None else f"{item} {index}"
+        super().__init__(
+            f"{what} has {length} characters, above max_input_chars ({limit}); nothing was "
+            "sent: send less of it (a model uses only a text's first tokens)"
+        )
+        self.length = length
+        self.limit = limit
+        self.index = index
+        self.item = item
 
 
 class IngestError(KembedError):

@@ -2,7 +2,7 @@
 
     async with EmbedClient(servers, read_replies=False) as client:
         summary = await ingest(
-            client, JsonlReader("docs.jsonl", meta_fields=["title"]), reply_to="embed.results.docs"
+            client, JsonlReader("docs.jsonl", meta_fields=["title"]), reply_to="embed.ingest.docs"
         )
 
 ``ingest`` takes any iterable or async iterable of :class:`Document` and never holds more

@@ -5,6 +5,7 @@ from schemas.encodings import Encoding
 from schemas.errors import Envelope, ErrorCode, SchemaError
 from schemas.v1 import (
     CHUNK_POOLINGS,
+    DEFAULT_MAX_INPUT_CHARS,
     DEFAULT_RESULTS_TOPIC,
     REQUEST_KINDS,
     VERSION,
@@ -21,6 +22,7 @@ from schemas.v1 import (
 
 __all__ = [
     "CHUNK_POOLINGS",
+    "DEFAULT_MAX_INPUT_CHARS",
     "DEFAULT_RESULTS_TOPIC",
     "REQUEST_KINDS",
     "VERSION",

@@ -42,8 +42,10 @@ class ErrorCode(StrEnum):
     """The worker failed; the request may succeed if sent again."""
     REPLY_FORBIDDEN = "reply_forbidden"
     """The request's reply topic is not one the worker may answer on (its ``reply_topics``
-    setting). Never an error result, which would go to that topic: the request is
-    dead-lettered with this code instead."""
+    setting): never an error result, which would go to that topic; the request is
+    dead-lettered with this code instead. Or the request came on the interactive lane and
+    names an ingestion results topic (``ingest_topics``, a sink's input, the bulk lane's
+    alone): then an error result with this code, on that topic."""
 
     @property
     def retriable(self) -> bool:

@@ -21,6 +21,9 @@ __all__ = [
     "DLQ_OFFSET",
     "DLQ_PARTITION",
     "DLQ_TOPIC",
+    "LANE",
+    "LANE_BULK",
+    "LANE_INTERACTIVE",
     "REPLY_PARTITION",
     "REPLY_TOPIC",
     "Headers",
@@ -39,6 +42,13 @@ REPLY_TOPIC = "kafka_replyTopic"
 """The reply topic, UTF-8."""
 REPLY_PARTITION = "kafka_replyPartition"
 """The reply partition, a 4-byte big-endian signed integer (Spring's encoding)."""
+
+LANE = "kembed.lane"
+"""Set by workers on every result: the lane of its request, UTF-8 ``bulk`` (read from a
+bulk topic) or ``interactive``. A sink writes only results of the bulk lane, so that a
+client allowed to send interactive requests cannot choose rows of the vector database."""
+LANE_BULK = "bulk"
+LANE_INTERACTIVE = "interactive"
 
 DLQ_TOPIC = "kembed.dlq.topic"
 DLQ_PARTITION = "kembed.dlq.partition"

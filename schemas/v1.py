@@ -16,6 +16,7 @@ from schemas.errors import ErrorCode
 
 __all__ = [
     "CHUNK_POOLINGS",
+    "DEFAULT_MAX_INPUT_CHARS",
     "DEFAULT_RESULTS_TOPIC",
     "MAX_ID_BYTES",
     "MAX_TOPIC_LENGTH",
@@ -45,6 +46,12 @@ DEFAULT_RESULTS_TOPIC = "embed.results"
 CHUNK_POOLINGS = ("none", "mean")
 REQUEST_KINDS = ("embed", "rerank")
 """A request's ``kind`` (and a model's, in its catalog card): what is asked of the model."""
+DEFAULT_MAX_INPUT_CHARS = 100_000
+"""Characters (code points) a text may have: an input of an embed request without
+``chunking``, a rerank query or document. Workers (``KEMBED_MAX_INPUT_CHARS``), the SDK
+(``ClientConfig.max_input_chars``) and the gateway (``KEMBED_GATEWAY_MAX_INPUT_CHARS``)
+default to it: more than twice what a window of 8192 tokens holds in English, and a cap on
+what a text costs to tokenize when a model can use only its first tokens."""
 
 Key = str | int
 Span = tuple[int, int]
@@ -68,17 +75,21 @@ class Chunking:
 
 
 def chunking_problem(max_tokens: object, overlap_tokens: object) -> str | None:
-    """Why ``max_tokens`` and ``overlap_tokens`` are not a valid ``chunking``, or None."""
+    """Why ``max_tokens`` and ``overlap_tokens`` are not a valid ``chunking``, or None.
+
+    The overlap may be at most half the window (``max_tokens // 2``): every chunk then
+    brings at least half its tokens new, so chunking costs at most about twice the text
+    (the worker bounds the rest, which depends on the model's special and prompt tokens)."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         return "'chunking.max_tokens' must be an integer"
     if isinstance(overlap_tokens, bool) or not isinstance(overlap_tokens, int):
         return "'chunking.overlap_tokens' must be an integer"
     if max_tokens < 1:
         return f"'chunking.max_tokens' must be >= 1, not {max_tokens}"
-    if not 0 <= overlap_tokens < max_tokens:
+    if not 0 <= overlap_tokens <= max_tokens // 2:
         return (
-            f"'chunking.overlap_tokens' must be in 0..{max_tokens - 1} "
-            f"(below max_tokens {max_tokens}), not {overlap_tokens}"
+            f"'chunking.overlap_tokens' must be in 0..{max_tokens // 2} (at most half of "
+            f"max_tokens {max_tokens}), not {overlap_tokens}"
         )
     return None
 

@@ -4,6 +4,9 @@
 #     (torch alone is several GB, so it is built once per lock, not once per clone);
 #   - ./.venv, a link to it, with this clone installed in editable mode (the `kembed` command);
 #   - the Kafka broker jars (scripts/kafka_local/maven.py fetches them with Maven, cached by version).
+#   - the test PostgreSQL's pgvector, compiled for any x86-64 CPU from Debian's source package
+#     (scripts/pgvector_build.py, cached by version), and qemu-x86_64, the CPU without
+#     AVX-512 its test runs on; gcc and make are installed with apt when missing (as root).
 # Safe to run again and again; it only does work when something is missing or changed.
 set -euo pipefail
 
@@ -39,4 +42,19 @@ log="$cache/bootstrap-install.log"
 ln -sfn "$venv" "$root/.venv"
 
 "$venv/bin/python" -m scripts.kafka_local fetch >/dev/null
+
+if command -v apt-get >/dev/null; then
+  if ! command -v gcc >/dev/null || ! command -v make >/dev/null; then
+    [ "$(id -u)" = 0 ] || {
+      echo "building pgvector for the test PostgreSQL needs gcc and make" \
+        "(apt-get install gcc make libc6-dev)" >&2
+      exit 1
+    }
+    echo "==> installing gcc and make (to build pgvector for the test PostgreSQL)" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      gcc make libc6-dev >/dev/null
+  fi
+  "$venv/bin/python" -m scripts.pgvector_build --emulator >/dev/null
+fi
 echo "$venv"

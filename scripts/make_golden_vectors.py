@@ -620,6 +620,15 @@ def invalid_cases() -> list[dict[str, Any]]:
         ("rerank-document-not-string", pack({**rerank, "documents": ["a", 7]}), bad, 1, eid),
         ("rerank-top-n-zero", pack({**rerank, "top_n": 0}), bad, None, eid),
         ("rerank-raw-scores-not-bool", pack({**rerank, "raw_scores": 1}), bad, None, eid),
+        # An overlap of more than half the window (max_tokens // 2): each chunk would bring
+        # few new tokens, so a short text would make many chunks.
+        (
+            "chunking-overlap-over-half",
+            pack({**ok, "chunking": {"max_tokens": 256, "overlap_tokens": 129}}),
+            bad,
+            None,
+            eid,
+        ),
     ]
     return [
         {"name": name, "hex": data.hex(), "code": code, "index": index, "envelope_id": envelope}

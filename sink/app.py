@@ -42,7 +42,7 @@ from kembed_shared.ports import (
     TopicPartition,
 )
 from kembed_shared.settings import KafkaClientSettings
-from schemas.headers import dead_letter_headers
+from schemas.headers import CORRELATION_ID, LANE, LANE_BULK, dead_letter_headers
 from sink.metrics import SinkMetrics
 from sink.rows import DIMENSION_MISMATCH, Refused, Row, RowsOf, newest, rows_of
 from sink.settings import SinkSettings
@@ -64,10 +64,32 @@ _T = TypeVar("_T")
 
 WRITE_REFUSED = "write_refused"
 WRITE_RETRY = "write_retry"
+NOT_BULK_LANE = "not_bulk_lane"
+"""Dead-letter code of a result whose request did not come on the bulk lane (no
+``kembed.lane: bulk`` header): a client allowed to send interactive requests must not
+choose rows of the database."""
 _LOGGED_KEYS = 20  # keys named in one log line; the count says how many there were
 _UNIT_NORM_TOLERANCE = 1e-2  # int8 codes of a unit vector are unit length to within ~1e-3
 _BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 _MAX_DLQ_MESSAGE = 1000
+
+
+def _not_bulk(record: Record) -> Refused | None:
+    """A result the sink must not write because its request did not come on the bulk lane
+    (workers stamp ``kembed.lane`` on every result; results of interactive requests, and
+    messages no worker wrote, lack ``bulk``)."""
+    headers = dict(record.headers)
+    lane = headers.get(LANE)
+    if lane == LANE_BULK.encode():
+        return None
+    request_id = headers.get(CORRELATION_ID, b"").decode("utf-8", "replace")[:256] or None
+    found = f"kembed.lane: {lane.decode('utf-8', 'replace')[:40]}" if lane else "no kembed.lane"
+    return Refused(
+        NOT_BULK_LANE,
+        f"not a result of the bulk lane ({found}): the sink writes results of requests sent "
+        "to a bulk topic only",
+        request_id=request_id,
+    )
 
 
 def make_store(settings: SinkSettings) -> VectorStore:
@@ -403,7 +425,7 @@ class Sink:
             good: list[tuple[Record, RowsOf]] = []
             dead: list[tuple[Record, Refused]] = []
             for record in records:
-                outcome = rows_of(record.value, record.timestamp_ms)
+                outcome = _not_bulk(record) or rows_of(record.value, record.timestamp_ms)
                 if isinstance(outcome, Refused):
                     dead.append((record, outcome))
                 else:

@@ -100,8 +100,11 @@ class SinkSettings(BaseSettings):
 
     # ------------------------------------------------------------------ Kafka topics, group
     results_topic: str = Field(
-        "embed.results.docs",
-        description="Results topic to consume (the reply_to of the ingesting producers).",
+        "embed.ingest.docs",
+        description="Results topic to consume (the reply_to of the ingesting producers): an "
+        "ingestion results topic (the workers' ingest_topics, embed.ingest.* by default), "
+        "which only the bulk lane answers on. Only results stamped kembed.lane: bulk are "
+        "written; others are dead-lettered with not_bulk_lane.",
     )
     group_id: str = Field(
         "kembed-sink",

@@ -322,6 +322,7 @@ async def _load_and_run(
                 raise QualityGateFailedError(f"{spec.served_name()}: {report.summary()}")
             log.info("quality_gate.passed", **fields)
     cache = await loop.run_in_executor(None, open_cache, settings, models, metrics)
+    info["cache"] = {"max_bytes": settings.cache_bytes, "persisted": cache.persisted}
     try:
         serving = _Served(models, cache, encode_thread, tunings)
         await _join_and_serve(settings, publisher, security, metrics, probes, serving)
@@ -339,10 +340,14 @@ class _Served(NamedTuple):
 def open_cache(
     settings: WorkerSettings, models: list[ServedModel], metrics: Metrics | None = None
 ) -> VectorCache:
-    """The vector cache of ``settings``, its persisted entries read back (blocking)."""
+    """The vector cache of ``settings``: the served models fingerprinted (every file read,
+    once per load) and its persisted entries read back (blocking)."""
     cache = VectorCache(settings.cache_bytes, metrics)
+    # A reranker's scores are not cached (a score belongs to a pair): nothing to key.
+    served = [(m.name, m.encoder.info.path) for m in models if m.kind == EMBED]
+    cache.prepare(directory for _, directory in served)
     if settings.cache_path and cache.enabled:
-        cache.open(Path(settings.cache_path), [(m.name, m.encoder.info.path) for m in models])
+        cache.open(Path(settings.cache_path), served)
     return cache
 
 

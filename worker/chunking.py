@@ -20,7 +20,7 @@ puts the results back together per input, as the result reports them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +52,10 @@ class ChunkingError(Exception):
     def __init__(self, error: ErrorInfo) -> None:
         super().__init__(error.message)
         self.error = error
+
+
+class _TooCostlyError(ChunkingError):
+    """One input's chunks would hold too many tokens (:meth:`Chunker.split`'s ``factor``)."""
 
 
 def _invalid(message: str) -> ChunkingError:
@@ -108,10 +112,17 @@ class Chunker:
         return window
 
     def split(
-        self, text: str, chunking: Chunking, prompt: str = "", limit: int | None = None
+        self,
+        text: str,
+        chunking: Chunking,
+        prompt: str = "",
+        limit: int | None = None,
+        factor: float | None = None,
     ) -> list[Span]:
         """The spans of ``text``'s chunks; at most ``limit`` of them (ChunkingError
-        too_many_inputs beyond)."""
+        too_many_inputs beyond), holding at most ``factor`` times the tokens of ``text``
+        tokenized whole (ChunkingError invalid_request beyond), both checked on the plan,
+        before any chunk is tokenized."""
         window = self.window(chunking, prompt)
         first, last = len(text) - len(text.lstrip()), len(text.rstrip())
         offsets = self._tokenizer.encode(text, add_special_tokens=False).offsets
@@ -121,6 +132,8 @@ class Chunker:
         # Plan every window first and check them in one batch: a chunk rarely comes out
         # over the limit on its own; from the first that does, plan again checking each.
         planned = cut.windows(0, self, 1, check=False)
+        if factor is not None:
+            self._check_cost(planned, len(offsets), chunking.max_tokens - window, factor)
         texts = [prompt + text[start:end] for _, _, start, end in planned]
         encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=True)
         over = (i for i, e in enumerate(encodings) if len(e.ids) > chunking.max_tokens)
@@ -129,6 +142,26 @@ class Chunker:
             floor = planned[redo - 1][1] + 1 if redo else 1
             planned[redo:] = cut.windows(planned[redo][0], self, floor, check=True, before=redo)
         return [(start, end) for _, _, start, end in planned]
+
+    @staticmethod
+    def _check_cost(
+        planned: Sequence[tuple[int, int, int, int]], tokens: int, overhead: int, factor: float
+    ) -> None:
+        """ChunkingError (invalid_request) when the planned chunks, each with ``overhead``
+        special and prompt tokens, hold more than ``factor`` times the ``tokens`` of the
+        text and one ``overhead``: what the text costs embedded whole."""
+        whole = tokens + overhead
+        total = sum(end - start for start, end, _, _ in planned) + overhead * len(planned)
+        if total > factor * whole:
+            raise _TooCostlyError(
+                ErrorInfo(
+                    ErrorCode.INVALID_REQUEST,
+                    f"'chunking' would make {len(planned)} chunks of {total} tokens in all from "
+                    f"a text of {whole} tokens, more than {factor:g} times as many "
+                    "(max_chunk_tokens_factor): raise 'chunking.max_tokens' or lower "
+                    "'chunking.overlap_tokens' (or the prompt)",
+                )
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,19 +242,28 @@ def _boundary(
     return end if spaced is None else spaced
 
 
-def expand(request: EmbedRequest, chunker: Chunker, prompt: str, max_inputs: int) -> ChunkedRequest:
+def expand(
+    request: EmbedRequest,
+    chunker: Chunker,
+    prompt: str,
+    max_inputs: int,
+    factor: float | None = None,
+) -> ChunkedRequest:
     """The request for ``request``'s chunk texts (``request.chunking`` must be set);
-    ChunkingError when it has bad numbers for this model or more than ``max_inputs``
-    chunks in all."""
+    ChunkingError when it has bad numbers for this model, more than ``max_inputs``
+    chunks in all, or an input whose chunks hold more than ``factor`` times its own
+    tokens (the error's ``index`` names it)."""
     chunking = request.chunking
     if chunking is None:
         raise ValueError("expand() needs a request with chunking")
     texts: list[str] = []
     chunks: list[int] = []
     spans: list[Span] = []
-    for text in request.inputs:
+    for index, text in enumerate(request.inputs):
         try:
-            found = chunker.split(text, chunking, prompt, max_inputs - len(spans))
+            found = chunker.split(text, chunking, prompt, max_inputs - len(spans), factor)
+        except _TooCostlyError as exc:
+            raise ChunkingError(replace(exc.error, index=index)) from None
         except ChunkingError as exc:
             if exc.error.code != ErrorCode.TOO_MANY_INPUTS:
                 raise
@@ -241,14 +283,16 @@ def expand(request: EmbedRequest, chunker: Chunker, prompt: str, max_inputs: int
 
 
 def expand_all(
-    work: Sequence[tuple[EmbedRequest, Chunker, str]], max_inputs: int
+    work: Sequence[tuple[EmbedRequest, Chunker, str]],
+    max_inputs: int,
+    factor: float | None = None,
 ) -> list[ChunkedRequest | ErrorInfo]:
     """:func:`expand` for each (request, chunker, prompt); an error in place of each
     request that cannot be chunked."""
     expanded: list[ChunkedRequest | ErrorInfo] = []
     for request, chunker, prompt in work:
         try:
-            expanded.append(expand(request, chunker, prompt, max_inputs))
+            expanded.append(expand(request, chunker, prompt, max_inputs, factor))
         except ChunkingError as exc:
             expanded.append(exc.error)
     return expanded

@@ -5,7 +5,10 @@ Nothing here raises for bad input. A message is answered with an error result wh
 names a request id (in the body, or in the ``kafka_correlationId`` header when the body is
 unreadable); only messages nobody could correlate an answer with go to the dead-letter
 topic, and so do messages whose reply topic the worker may not answer on
-(``reply_forbidden``): an error result would be written to that very topic.
+(``reply_forbidden``): an error result would be written to that very topic. An
+interactive request naming an ingestion results topic (``ingest_topics``: a sink's input,
+the bulk lane's alone) is answered there with an error result ``reply_forbidden``, its
+inputs not computed.
 
 Routing follows Spring's request/reply headers where the body is silent: the
 ``kafka_replyTopic`` and ``kafka_replyPartition`` headers fill a missing ``reply_to`` and
@@ -59,7 +62,15 @@ class Limits:
     topic_models: Mapping[str, str] = field(default_factory=dict)
     """Request topic -> the name of the model answering its requests that name none."""
     reply_allowed: Callable[[str], bool] = field(default=lambda topic: True)
-    """Whether a request may name a topic as its reply topic (the worker's reply_topics)."""
+    """Whether a request may name a topic as its reply topic (the worker's reply_topics,
+    ingest_topics and results topic)."""
+    ingest_topic: Callable[[str], bool] = field(default=lambda topic: False)
+    """Whether a topic is an ingestion results topic (ingest_topics): a reply topic for
+    requests of the bulk lane alone."""
+    bulk_topics: frozenset[str] = frozenset()
+    """The bulk lane's request topics."""
+    max_input_chars: int | None = None
+    """Most characters in a text (an unchunked input, a query, a document); None: any."""
 
     def model_for(self, requested: str | None, topic: str) -> ModelLimits | None:
         if requested is not None:
@@ -122,7 +133,8 @@ def decode_record(record: Record, limits: Limits, now_ms: int) -> Decoded:
     if (forbidden := _forbidden(request.reply_to, limits)) is not None:
         return forbidden
     model = limits.model_for(request.model, record.topic)
-    problem = _check(request, limits, model, now_ms)
+    problem = _lane_problem(request.reply_to, record.topic, limits)
+    problem = problem or _check(request, limits, model, now_ms)
     if problem is not None or model is None:
         return Rejected(
             request.id,
@@ -144,6 +156,22 @@ def _forbidden(reply_to: str | None, limits: Limits) -> DeadLetter | None:
     )
 
 
+def _lane_problem(reply_to: str | None, topic: str, limits: Limits) -> ErrorInfo | None:
+    """An interactive request that names an ingestion results topic (a sink's input) is
+    refused: only the bulk lane writes there. The error result goes to that topic (the
+    worker may write it, and the caller may be reading it); a sink dead-letters it, as it
+    does every result not of the bulk lane."""
+    if reply_to is None or topic in limits.bulk_topics or not limits.ingest_topic(reply_to):
+        return None
+    bulk = ", ".join(sorted(limits.bulk_topics)) or "none is served here"
+    return ErrorInfo(
+        ErrorCode.REPLY_FORBIDDEN,
+        f"reply topic {reply_to!r} is an ingestion results topic (the worker's "
+        f"ingest_topics): it takes results of the bulk lane only; send the request to a "
+        f"bulk topic ({bulk})",
+    )
+
+
 def _unknown_model(limits: Limits) -> ErrorInfo:
     served = ", ".join(sorted(limits.models))
     return ErrorInfo(ErrorCode.UNKNOWN_MODEL, f"model not served here; served: {served}")
@@ -161,6 +189,10 @@ def _check(
         )
     if request.deadline_ms is not None and request.deadline_ms <= now_ms:
         return ErrorInfo(ErrorCode.DEADLINE_EXCEEDED, "deadline passed before computation")
+    if limits.max_input_chars is not None:
+        too_long = _too_many_chars(request, limits.max_input_chars)
+        if too_long is not None:
+            return too_long
     if model is None:
         return _unknown_model(limits)
     if request_kind(request) != model.kind:
@@ -168,6 +200,33 @@ def _check(
     if isinstance(request, RerankRequest):
         return None
     return _check_embed(request, model)
+
+
+def _too_many_chars(request: Request, limit: int) -> ErrorInfo | None:
+    """``input_too_long`` for the first text over ``limit`` characters: an input of an
+    embed request without chunking (chunks use all of a text), the query (no index) or a
+    document of a rerank request."""
+    if isinstance(request, RerankRequest):
+        if len(request.query) > limit:
+            return _chars_error("the query", len(request.query), limit, None)
+        texts, what = request.documents, "document"
+    elif request.chunking is None:
+        texts, what = request.inputs, "input"
+    else:
+        return None
+    for index, text in enumerate(texts):
+        if len(text) > limit:
+            return _chars_error(f"the {what}", len(text), limit, index)
+    return None
+
+
+def _chars_error(what: str, length: int, limit: int, index: int | None) -> ErrorInfo:
+    return ErrorInfo(
+        ErrorCode.INPUT_TOO_LONG,
+        f"{what} has {length} characters, above the worker's max_input_chars {limit} "
+        "(a model uses only a text's first tokens; send less of it)",
+        index,
+    )
 
 
 def _check_embed(request: EmbedRequest, model: ModelLimits) -> ErrorInfo | None:

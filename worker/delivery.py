@@ -372,7 +372,11 @@ class ExactlyOnce:
                 return False
             return await self.dead_letter(record, "reply_failed", exc.reason)
         message = _Message(
-            topic, value, reply.id.encode("utf-8"), reply.reply_partition, result_headers(reply.id)
+            topic,
+            value,
+            reply.id.encode("utf-8"),
+            reply.reply_partition,
+            result_headers(reply.id, reply.lane),
         )
         return await self._wait(record, message)
 

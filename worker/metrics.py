@@ -116,8 +116,8 @@ class Metrics:
         )
         self.latency_seconds = Histogram(
             "kembed_request_latency_seconds",
-            "End to end: from the request's produce timestamp to the broker's "
-            "acknowledgement of its answer.",
+            "End to end: from the request's record timestamp (the broker's append time on "
+            "LogAppendTime topics, as planned) to the broker's acknowledgement of its answer.",
             ["lane"],
             buckets=_WAIT_BUCKETS,
             registry=r,
@@ -214,6 +214,16 @@ class Metrics:
         self.cache_entries = Gauge(
             "kembed_cache_entries", "Vectors in the vector cache, by model.", ["model"], registry=r
         )
+        self.cache_write_drops = Counter(
+            "kembed_cache_write_drops",
+            "Vector cache changes (entries added, used or evicted) that never reached the "
+            "persisted file, by reason: queue_full (the writer was behind by more than its "
+            "queue holds) or write_failed (the transaction failed: disk full, a lock).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("queue_full", "write_failed"):
+            self.cache_write_drops.labels(reason)
         self.ready = Gauge(
             "kembed_ready", "1 when the worker is ready (the /ready endpoint).", registry=r
         )
@@ -253,5 +263,6 @@ METRIC_NAMES = (
     "kembed_cache_evictions_total",
     "kembed_cache_bytes",
     "kembed_cache_entries",
+    "kembed_cache_write_drops_total",
     "kembed_ready",
 )

@@ -440,7 +440,10 @@ class Pipeline:
                 tokenizer = model.tokenizer
                 self._chunkers[model.name] = Chunker(tokenizer.tokenizer, tokenizer.max_length)
             work.append((request, self._chunkers[model.name], model.prompt_for(request)))
-        expand = partial(expand_all, work, self._settings.max_client_batch_size)
+        settings = self._settings
+        expand = partial(
+            expand_all, work, settings.max_client_batch_size, settings.max_chunk_tokens_factor
+        )
         chars = sum(len(text) for request, _, _ in work for text in request.inputs)
         if chars <= _INLINE_TOKENIZE_CHARS:
             expanded = expand()  # cheaper than a thread hop
@@ -796,7 +799,7 @@ class Pipeline:
                 self._settings.max_result_bytes,
                 requested_ms=job.record.timestamp_ms,
             )
-        reply = ReplyTo(request.id, request.reply_to, request.reply_partition)
+        reply = ReplyTo(request.id, request.reply_to, request.reply_partition, job.lane)
         outcome = "ok" if error is None else str(error.code)
         tokens = sum(job.tokens)
         self._inflight_tokens[job.lane] -= tokens
@@ -825,9 +828,9 @@ class Pipeline:
             offset=record.offset,
         )
         value = encode_error(rejected.request_id, rejected.error, rejected.keys, rejected.meta)
-        reply = ReplyTo(rejected.request_id, rejected.reply_to, rejected.reply_partition)
-        outcome = str(rejected.error.code)
         lane = self._lane(record.topic)
+        reply = ReplyTo(rejected.request_id, rejected.reply_to, rejected.reply_partition, lane)
+        outcome = str(rejected.error.code)
         if model is None:
             default = self._limits.model_for(None, record.topic)
             model = default.name if default is not None else ""
@@ -937,6 +940,9 @@ def _limits(models: Sequence[ServedModel], settings: WorkerSettings) -> Limits:
         models=names,
         topic_models=topics,
         reply_allowed=settings.reply_topic_allowed,
+        ingest_topic=settings.ingest_topic,
+        bulk_topics=frozenset(model.bulk_topic for model in models) - {""},
+        max_input_chars=settings.max_input_chars,
     )
 
 

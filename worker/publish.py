@@ -21,7 +21,7 @@ from schemas import (
     encode_result,
 )
 from schemas.encodings import INT8_NORMALIZED_SCALE
-from schemas.headers import CORRELATION_ID
+from schemas.headers import CORRELATION_ID, LANE
 from worker.chunking import ChunkedRequest, pool
 
 __all__ = [
@@ -155,5 +155,10 @@ def encode_error(
     return encode_result(ErrorResult(id=request_id, error=error, keys=keys, meta=meta))
 
 
-def result_headers(request_id: str) -> list[tuple[str, bytes]]:
-    return [(CORRELATION_ID, request_id.encode("utf-8"))]
+def result_headers(request_id: str, lane: str = "") -> list[tuple[str, bytes]]:
+    """A result's headers: its request id, and the lane its request came on (``bulk`` or
+    ``interactive``; a sink writes only results of the bulk lane)."""
+    headers = [(CORRELATION_ID, request_id.encode("utf-8"))]
+    if lane:
+        headers.append((LANE, lane.encode("utf-8")))
+    return headers

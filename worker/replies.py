@@ -35,6 +35,9 @@ class ReplyTo:
     id: str
     reply_to: str | None
     reply_partition: int | None
+    lane: str = ""
+    """The request's lane (``bulk`` or ``interactive``), stamped on the result (header
+    ``kembed.lane``); "" : none."""
 
 
 class Replier:
@@ -66,7 +69,7 @@ class Replier:
                 value,
                 key=reply.id.encode("utf-8"),
                 partition=reply.reply_partition,
-                headers=result_headers(reply.id),
+                headers=result_headers(reply.id, reply.lane),
             )
         except PublishError as exc:
             if not answer_failed(exc, record, reply, topic, self._on_fatal):

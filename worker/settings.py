@@ -23,9 +23,11 @@ from pydantic_settings import SettingsConfigDict
 
 from kembed_shared import service_fields as fields
 from kembed_shared.settings import KafkaClientSettings, none_if_blank
+from schemas import DEFAULT_MAX_INPUT_CHARS
 
 __all__ = [
     "DEFAULT_MODEL",
+    "DEFAULT_INGEST_TOPICS",
     "DEFAULT_REPLY_TOPICS",
     "ModelSpec",
     "WorkerSettings",
@@ -33,6 +35,7 @@ __all__ = [
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_REPLY_TOPICS = r"embed\.results(\..+)?"
+DEFAULT_INGEST_TOPICS = r"embed\.ingest\..+"
 
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -99,13 +102,27 @@ class WorkerSettings(KafkaClientSettings):
     # reply topics a request may name (reply_to, or the kafka_replyTopic header)
     reply_topics: str = Field(
         DEFAULT_REPLY_TOPICS,
-        description="Regular expression that a request's reply_to must match in full; the "
-        "results topic is always allowed. A request naming another topic is not computed: "
-        "it is dead-lettered with code reply_forbidden. The default allows embed.results and "
-        "embed.results.*, so the worker needs WRITE only on the prefix embed.results.",
+        description="Regular expression of the interactive reply topics, that a request's "
+        "reply_to must match in full (or ingest_topics, for a bulk request); the results "
+        "topic is always allowed. A request naming another topic is not computed: it is "
+        "dead-lettered with code reply_forbidden. The default allows embed.results and "
+        "embed.results.*, so with the default ingest_topics the worker needs WRITE only on "
+        "the prefixes embed.results and embed.ingest.",
     )
 
-    @field_validator("reply_topics")
+    # ingestion results topics (the sinks' input): the bulk lane's alone
+    ingest_topics: str = Field(
+        DEFAULT_INGEST_TOPICS,
+        description="Regular expression of the ingestion results topics, the sinks' input: "
+        "only requests of the bulk lane (a bulk topic) may name one as reply topic, whatever "
+        "reply_topics says, and their results carry the header kembed.lane: bulk that a "
+        "sink requires. An interactive request naming one is not computed: it is answered "
+        "there with an error result reply_forbidden (which a sink dead-letters). The "
+        "default, embed.ingest.*, keeps them apart from the interactive replies of "
+        "reply_topics. Empty: none.",
+    )
+
+    @field_validator("reply_topics", "ingest_topics")
     @classmethod
     def _compile_reply_topics(cls, value: str) -> str:
         try:
@@ -114,9 +131,27 @@ class WorkerSettings(KafkaClientSettings):
             raise ValueError(f"not a valid regular expression: {exc}") from None
         return value
 
+    @model_validator(mode="after")
+    def _results_topic_is_not_an_ingest_topic(self) -> Self:
+        if self.ingest_topic(self.results_topic):
+            raise ValueError(
+                f"results_topic {self.results_topic!r} matches ingest_topics: the results of "
+                "interactive requests would reach a sink's input"
+            )
+        return self
+
+    def ingest_topic(self, topic: str) -> bool:
+        """Whether ``topic`` is an ingestion results topic (the bulk lane's alone)."""
+        return bool(self.ingest_topics) and re.fullmatch(self.ingest_topics, topic) is not None
+
     def reply_topic_allowed(self, topic: str) -> bool:
-        """Whether a request may name ``topic`` as its reply topic."""
-        return topic == self.results_topic or re.fullmatch(self.reply_topics, topic) is not None
+        """Whether a request may name ``topic`` as its reply topic (an ingestion results
+        topic: only a request of the bulk lane, see :meth:`ingest_topic`)."""
+        return (
+            topic == self.results_topic
+            or re.fullmatch(self.reply_topics, topic) is not None
+            or self.ingest_topic(topic)
+        )
 
     group_id: str = Field(
         "kembed-workers",
@@ -332,6 +367,23 @@ class WorkerSettings(KafkaClientSettings):
         512,
         gt=0,
         description="Most inputs in one request; more is a too_many_inputs error.",
+    )
+    max_input_chars: int = Field(
+        DEFAULT_MAX_INPUT_CHARS,
+        gt=0,
+        description="Most characters (code points) in one text: an input of an embed "
+        "request without chunking, a rerank query or document. More is an input_too_long "
+        "error naming the input (or document; none for the query). A model uses only its "
+        "first max_seq_length tokens of a text, so a longer text only costs tokenizing.",
+    )
+    max_chunk_tokens_factor: float = Field(
+        4.0,
+        ge=1,
+        description="Most tokens the chunks of one input of a chunked request may hold "
+        "together (special and prompt tokens included), as a multiple of the tokens of "
+        "the input tokenized whole (with its special and prompt tokens); more is an "
+        "invalid_request error naming the input. Bounds what overlap and per-chunk "
+        "overhead make of a text (windows of a few tokens, long prompts).",
     )
     max_inflight_inputs: int = Field(
         8192,

@@ -2,9 +2,10 @@
 
 Flags come from :class:`~gateway.settings.GatewaySettings` (``KEMBED_GATEWAY_<FLAG>``) and
 the Kafka connection settings every kembed process shares (``KEMBED_<FLAG>``). uvicorn
-serves the app; its own log configuration is off, so its few lines go through our
-structlog set-up, and its access log is off (the gateway logs each API request itself,
-without bodies).
+serves the app as :func:`gateway.server.server_config` says: its own log configuration is
+off, so its few lines go through our structlog set-up, its access log is off (the gateway
+logs each API request itself, without bodies), and a connection has ``header_timeout_s``
+to send a request's headers.
 """
 
 from __future__ import annotations
@@ -48,19 +49,11 @@ def serve(settings: GatewaySettings, kafka: KafkaClientSettings) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.server import server_config
 
     configure_logging(settings.log_level, settings.log_format)
     install_hooks(secrets_of(settings, kafka) + settings.keys())
-    config = uvicorn.Config(
-        create_app(settings, kafka),
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        access_log=False,
-        server_header=False,
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(settings, create_app(settings, kafka)))
 
     def gateway() -> int:
         # uvicorn drains on SIGTERM/SIGINT, restores the handlers it found and raises the

@@ -7,8 +7,9 @@ workers read, so a deployment's topics job can take the workers' environment) an
 
 Exit status: 0 when every planned topic exists as required, 1 with one line per problem
 (a topic missing, too few partitions, a ``max.message.bytes`` too small for the size
-settings, a catalog that is not compacted), 2 when the settings are invalid or Kafka
-cannot be reached or refuses the request.
+settings, a catalog that is not compacted, a request topic not ``LogAppendTime``, a sink
+results topic kept shorter than ``--results-retention-ms``), 2 when the settings are
+invalid or Kafka cannot be reached or refuses the request.
 """
 
 from __future__ import annotations
@@ -74,6 +75,15 @@ def add_parser(subcommands: Any, name: str, summary: str) -> None:
         "TOPIC.dlq are planned like the results topic",
     )
     parser.add_argument(
+        "--results-retention-ms",
+        type=positive_int,
+        default=None,
+        metavar="MS",
+        help="retention.ms of each --results topic and its TOPIC.dlq (default: 604800000, "
+        "7 days): they hold the only copy of the vectors until a sink has written them, so "
+        "a sink down longer than this loses results; check flags a shorter one",
+    )
+    parser.add_argument(
         "--partitions",
         type=positive_int,
         default=None,
@@ -99,9 +109,12 @@ def add_parser(subcommands: Any, name: str, summary: str) -> None:
     add_settings_flags(parser, KafkaClientSettings)
 
 
-def needs_of(settings: WorkerSettings, results: Sequence[str]) -> TopicNeeds:
-    """The worker's topic settings and the sinks' results topics, as the plan takes them."""
-    from kembed_shared.kafka.topics import TopicNeeds
+def needs_of(
+    settings: WorkerSettings, results: Sequence[str], retention_ms: int | None = None
+) -> TopicNeeds:
+    """The worker's topic settings and the sinks' results topics (kept ``retention_ms``;
+    None: 7 days), as the plan takes them."""
+    from kembed_shared.kafka.topics import DEFAULT_SINK_RETENTION_MS, TopicNeeds
 
     interactive, bulk = settings.request_topics()
     return TopicNeeds(
@@ -113,6 +126,7 @@ def needs_of(settings: WorkerSettings, results: Sequence[str]) -> TopicNeeds:
         max_request_bytes=settings.max_request_bytes,
         max_result_bytes=settings.max_result_bytes,
         sink_results=[topic for topic in results if topic.strip()],
+        sink_retention_ms=retention_ms or DEFAULT_SINK_RETENTION_MS,
     )
 
 
@@ -126,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     kafka = settings_from(KafkaClientSettings, args, command)
     if settings is None or kafka is None:
         return 2
-    specs = plan(needs_of(settings, args.results), args.partitions or DEFAULT_PARTITIONS)
+    needs = needs_of(settings, args.results, args.results_retention_ms)
+    specs = plan(needs, args.partitions or DEFAULT_PARTITIONS)
     try:
         security = client_options(kafka)
     except KafkaAccessError as exc:
@@ -229,6 +244,8 @@ def _print_report(report: EnsureReport, specs: Sequence[TopicSpec], listed: bool
                 f"replication factor {report.replication_factor}"
                 + (f", max.message.bytes={size}" if size else "")
                 + (", compacted" if spec.compacted else "")
+                + (f", {spec.timestamp_type}" if spec.timestamp_type else "")
+                + (f", retention.ms={spec.min_retention_ms}" if spec.min_retention_ms else "")
             )
         elif spec.name in report.kept and listed:
             print(f"ok      {spec.name} ({spec.role})")

@@ -8,6 +8,18 @@ batch framing. A request topic must take a request of ``max_request_bytes`` and 
 topic a result of ``max_result_bytes`` (plus :data:`RECORD_OVERHEAD`); request topics are
 planned at twice ``max_request_bytes`` so that an oversized request still reaches a worker
 and is answered ``message_too_large`` instead of being refused by the broker with no answer.
+
+Timestamps: request topics are planned with ``message.timestamp.type=LogAppendTime``. A
+worker copies a request record's timestamp into its result as ``requested_ms``, and a
+sink takes that as the version of the rows it writes (a row is never replaced by an older
+version). With Kafka's default, CreateTime, that timestamp is whatever the producer set,
+so a producer with a fast clock (or a forged timestamp) writes rows that later versions
+cannot replace; with LogAppendTime the broker sets it when it appends the record.
+
+Retention: a sink's results topic (``--results``) holds the only copy of the vectors until
+the sink has written them, so it is planned with an explicit ``retention.ms``
+(:data:`DEFAULT_SINK_RETENTION_MS`, 7 days) and ``retention.bytes=-1``: a sink may be down
+for that long without losing results, at the cost of the disk the results take.
 """
 
 from __future__ import annotations
@@ -29,6 +41,16 @@ up to 12 workers (and 12 sink replicas) share the work. Dead-letter topics and t
 get one."""
 
 BROKER_DEFAULT_MESSAGE_BYTES = 1_048_588  # Kafka's message.max.bytes default
+
+DEFAULT_SINK_RETENTION_MS = 7 * 24 * 60 * 60 * 1000
+"""``retention.ms`` of a sink's results topic and its dead-letter topic unless
+``--results-retention-ms`` says otherwise: how long a sink may be down (or stuck) before
+results it has not written are deleted."""
+
+LOG_APPEND_TIME = "LogAppendTime"
+_TIMESTAMP_TYPE = "message.timestamp.type"
+_RETENTION_MS = "retention.ms"
+_RETENTION_BYTES = "retention.bytes"
 
 # The model catalog keeps the latest card per key (compact) and drops what a day has not
 # refreshed (delete): workers re-announce every 30 s, so a day-old card is long dead.
@@ -54,6 +76,11 @@ class TopicSpec:
     needed_message_bytes: int = 0
     compacted: bool = False
     size_setting: str = ""
+    timestamp_type: str = ""
+    """The ``message.timestamp.type`` it must have ("" : any)."""
+    min_retention_ms: int = 0
+    """The shortest ``retention.ms`` it may have, with ``retention.bytes`` unbounded (0:
+    no requirement; -1, unlimited, is always enough)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +97,8 @@ class TopicNeeds:
     max_result_bytes: int = 1_000_000
     sink_results: Sequence[str] = ()
     """Each results topic a sink reads; its dead-letter topic is ``<topic>.dlq``."""
+    sink_retention_ms: int = DEFAULT_SINK_RETENTION_MS
+    """``retention.ms`` of each sink results topic and its dead-letter topic."""
 
 
 def plan(
@@ -90,8 +119,23 @@ def plan(
 
         return spec
 
-    request = sized(request_bytes, request_need, f"max_request_bytes={needs.max_request_bytes}")
+    sized_request = sized(
+        request_bytes, request_need, f"max_request_bytes={needs.max_request_bytes}"
+    )
     result = sized(result_bytes, result_need, f"max_result_bytes={needs.max_result_bytes}")
+
+    def request(name: str, role: str, count: int) -> TopicSpec:
+        """A request topic: the broker stamps its records (the rows' versions)."""
+        spec = sized_request(name, role, count)
+        config = spec.config | {_TIMESTAMP_TYPE: LOG_APPEND_TIME}
+        return replace(spec, config=config, timestamp_type=LOG_APPEND_TIME)
+
+    def sink_input(name: str, role: str, count: int) -> TopicSpec:
+        """A sink's results topic (or its dead letters): kept for sink_retention_ms."""
+        spec = result(name, role, count)
+        retention = needs.sink_retention_ms
+        config = spec.config | {_RETENTION_MS: str(retention), _RETENTION_BYTES: "-1"}
+        return replace(spec, config=config, min_retention_ms=retention)
 
     specs: dict[str, TopicSpec] = {}
 
@@ -104,13 +148,13 @@ def plan(
     for name in needs.bulk_topics:
         add(request(name, "bulk requests", partitions))
     add(result(needs.results_topic, "results", results_partitions or partitions))
-    add(request(needs.dlq_topic, "request dead letters", 1))
+    add(sized_request(needs.dlq_topic, "request dead letters", 1))
     if needs.catalog_topic:
         catalog = dict(CATALOG_TOPIC_CONFIG)
         add(TopicSpec(needs.catalog_topic, 1, catalog, "model catalog", compacted=True))
     for name in needs.sink_results:
-        add(result(name, "results", results_partitions or partitions))
-        add(result(f"{name}.dlq", "sink dead letters", 1))
+        add(sink_input(name, "sink results", results_partitions or partitions))
+        add(sink_input(f"{name}.dlq", "sink dead letters", 1))
     return list(specs.values())
 
 
@@ -151,9 +195,11 @@ def compare(
     broker_message_bytes: int = BROKER_DEFAULT_MESSAGE_BYTES,
 ) -> list[str]:
     """One line per problem: a planned topic that is missing, has fewer partitions than
-    planned (when ``check_partitions``), takes records too small for its settings, or is a
-    catalog that is not compacted. ``found`` maps a name to its description, or to why it
-    could not be described (a string); topics it lacks are missing."""
+    planned (when ``check_partitions``), takes records too small for its settings, is a
+    catalog that is not compacted, a request topic whose records the producers stamp
+    (not ``LogAppendTime``), or a sink's results topic kept shorter than planned.
+    ``found`` maps a name to its description, or to why it could not be described (a
+    string); topics it lacks are missing."""
     return [
         line
         for spec in specs
@@ -191,6 +237,15 @@ def problems_of(
                 f"{what} has max.message.bytes={size}, below the "
                 f"{spec.needed_message_bytes} that {spec.size_setting} needs"
             )
+    if spec.timestamp_type:
+        stamped = topic.config.get(_TIMESTAMP_TYPE, "CreateTime")
+        if stamped != spec.timestamp_type:
+            problems.append(
+                f"{what} has {_TIMESTAMP_TYPE}={stamped}, not {spec.timestamp_type}: its "
+                "producers set the timestamps that sinks take as their rows' versions"
+            )
+    if spec.min_retention_ms:
+        problems += _retention_problems(what, spec.min_retention_ms, topic.config)
     if spec.compacted:
         policy = topic.config.get(_CLEANUP_POLICY, "delete")
         if "compact" not in {p.strip() for p in policy.split(",")}:
@@ -198,6 +253,25 @@ def problems_of(
                 f"{what} has cleanup.policy={policy}, not compacted "
                 f"(needs {_CLEANUP_POLICY}={CATALOG_TOPIC_CONFIG[_CLEANUP_POLICY]})"
             )
+    return problems
+
+
+def _retention_problems(what: str, least_ms: int, config: Mapping[str, str]) -> list[str]:
+    """A sink's results topic that deletes results sooner than planned: unread results
+    (the only copy of their vectors) would be lost while a sink is down."""
+    problems: list[str] = []
+    kept_ms = _int(config.get(_RETENTION_MS), DEFAULT_SINK_RETENTION_MS)
+    if 0 <= kept_ms < least_ms:
+        problems.append(
+            f"{what} has {_RETENTION_MS}={kept_ms}, below the {least_ms} planned: results a "
+            "sink has not written by then are deleted"
+        )
+    kept_bytes = _int(config.get(_RETENTION_BYTES), -1)
+    if kept_bytes >= 0:
+        problems.append(
+            f"{what} has {_RETENTION_BYTES}={kept_bytes}: results a sink has not written are "
+            "deleted once a partition holds that much (plan: -1)"
+        )
     return problems
 
 

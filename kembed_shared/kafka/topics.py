@@ -23,6 +23,8 @@ from aiokafka.errors import InvalidReplicationFactorError, KafkaConnectionError,
 from kembed_shared.kafka.topic_plan import (
     CATALOG_TOPIC_CONFIG,
     DEFAULT_PARTITIONS,
+    DEFAULT_SINK_RETENTION_MS,
+    LOG_APPEND_TIME,
     PLAN_HEADROOM,
     RECORD_OVERHEAD,
     FoundTopic,
@@ -38,6 +40,8 @@ from kembed_shared.kafka.topic_plan import (
 __all__ = [
     "CATALOG_TOPIC_CONFIG",
     "DEFAULT_PARTITIONS",
+    "DEFAULT_SINK_RETENTION_MS",
+    "LOG_APPEND_TIME",
     "EnsureReport",
     "PLAN_HEADROOM",
     "RECORD_OVERHEAD",

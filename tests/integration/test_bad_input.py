@@ -21,6 +21,7 @@ from schemas.headers import (
     DLQ_OFFSET,
     DLQ_PARTITION,
     DLQ_TOPIC,
+    LANE,
     routing_headers,
 )
 from scripts.kafka_local import LocalKafka, TopicSpec
@@ -300,6 +301,71 @@ async def test_a_reply_topic_outside_the_allow_list_is_dead_lettered(
         assert await read_all(kafka.bootstrap_servers, forbidden) == []
         metrics = await asyncio.to_thread(_get, f"{worker.http_url}/metrics")
         assert 'kembed_dlq_messages_total{code="reply_forbidden"} 2.0' in metrics
+        assert worker.process.poll() is None, "the worker keeps serving"
+    finally:
+        worker.stop()
+
+
+async def test_only_the_bulk_lane_answers_on_an_ingestion_topic_and_results_say_their_lane(
+    kafka: LocalKafka, tmp_path: Path
+) -> None:
+    """A worker with the default KEMBED_REPLY_TOPICS and KEMBED_INGEST_TOPICS: a bulk
+    request naming embed.ingest.* (a sink's input) is answered there, its result stamped
+    kembed.lane: bulk; an interactive one naming it, in its body or in Spring's header,
+    is not computed: its error result reply_forbidden there says why (and is stamped
+    interactive, so a sink dead-letters it); interactive replies on embed.results.* flow."""
+    tag = uuid.uuid4().hex[:8]
+    requests, bulk = f"test.lane.{tag}.requests", f"test.lane.{tag}.requests.bulk"
+    ingest, replies = f"embed.ingest.lane-{tag}", f"embed.results.lane-{tag}"
+    kafka.create_topics([TopicSpec(t, 1) for t in (requests, bulk, ingest, replies)])
+    worker = WorkerProcess(
+        kafka.bootstrap_servers,
+        tmp_path / "worker.log",
+        dtype="float32",
+        requests_topic=requests,
+        bulk_topic=bulk,
+        group_id=f"lane-{tag}",
+        reply_topics=DEFAULT_REPLY_TOPICS,  # not the test suite's permissive default
+    )
+    try:
+        worker.wait_ready()
+        plain = {"v": 1, "inputs": ["a valid text"], "keys": ["row-1"]}
+        async with producer(kafka.bootstrap_servers) as client:
+            await client.send_and_wait(
+                bulk, msgpack.packb({**plain, "id": "b", "reply_to": ingest})
+            )
+            await client.send_and_wait(
+                requests, msgpack.packb({**plain, "id": "i-body", "reply_to": ingest})
+            )
+            await client.send_and_wait(
+                requests,
+                msgpack.packb({**plain, "id": "i-header"}),
+                headers=routing_headers("i-header", ingest),
+            )
+            await client.send_and_wait(
+                requests, msgpack.packb({**plain, "id": "i-reply", "reply_to": replies})
+            )
+
+        def by_id(records: list[Any]) -> dict[str, Any]:
+            return {dict(r.headers)[CORRELATION_ID].decode(): r for r in records}
+
+        on_ingest = by_id(
+            await collect(kafka.bootstrap_servers, ingest, lambda rs: len(by_id(rs)) >= 3)
+        )
+        on_replies = by_id(await collect(kafka.bootstrap_servers, replies, lambda rs: bool(rs)))
+        assert set(on_ingest) == {"b", "i-body", "i-header"}
+        assert dict(on_ingest["b"].headers)[LANE] == b"bulk"
+        assert isinstance(decode_result(on_ingest["b"].value), EmbedResult)
+        for name in ("i-body", "i-header"):
+            assert dict(on_ingest[name].headers)[LANE] == b"interactive"
+            refused = decode_result(on_ingest[name].value)
+            assert isinstance(refused, ErrorResult), refused
+            assert refused.error.code == "reply_forbidden"
+            assert "bulk lane only" in refused.error.message
+            assert bulk in refused.error.message
+        assert set(on_replies) == {"i-reply"}
+        assert dict(on_replies["i-reply"].headers)[LANE] == b"interactive"
+        assert isinstance(decode_result(on_replies["i-reply"].value), EmbedResult)
         assert worker.process.poll() is None, "the worker keeps serving"
     finally:
         worker.stop()

@@ -1,12 +1,16 @@
 """The vector cache end to end: the real broker, worker and model answer repeated texts
 from the cache (its metrics say so) with the very bytes of the first answer, under every
 output option, across a restart with a persisted cache, and in order when a request mixes
-cached and new texts."""
+cached and new texts; a worker whose cache volume is read-only starts and serves from
+memory; a worker restarted on retrained weights of the same size and modification time
+does not answer with the old weights' vectors."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -14,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from loadtest.data import stsb_sentences
 from producer_sdk import ChunkedEmbeddings, Chunking, EmbedClient
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
+from tests.unit.test_cache_persistence import read_only
 from worker.encoder.torch_backend import TorchEncoder
 from worker.tokenization import TextTokenizer
 
@@ -62,21 +68,30 @@ class CacheWorker:
         self.process = self._start()
 
     def info(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.process.http_url}/info", timeout=10) as response:
-            info: dict[str, Any] = json.loads(response.read())
-        return info
+        return info(self.process)
 
     def counters(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"{self.process.http_url}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        found = {}
-        for name in ("hits_total", "misses_total", "evictions_total", "entries", "bytes"):
-            match = re.search(
-                rf'^kembed_cache_{name}\{{model="{re.escape(MODEL)}"\}} (\S+)$', text, re.M
-            )
-            assert match is not None, name
-            found[name.removesuffix("_total")] = float(match[1])
-        return found
+        return counters(self.process)
+
+
+def counters(process: WorkerProcess) -> dict[str, float]:
+    """The cache's metrics of the module's model on ``process``."""
+    with urllib.request.urlopen(f"{process.http_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = {}
+    for name in ("hits_total", "misses_total", "evictions_total", "entries", "bytes"):
+        match = re.search(
+            rf'^kembed_cache_{name}\{{model="{re.escape(MODEL)}"\}} (\S+)$', text, re.M
+        )
+        assert match is not None, name
+        found[name.removesuffix("_total")] = float(match[1])
+    return found
+
+
+def info(process: WorkerProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{process.http_url}/info", timeout=10) as response:
+        found: dict[str, Any] = json.loads(response.read())
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +225,118 @@ async def test_chunks_are_cached_as_the_inputs_they_become(
     assert again.tokens == first.tokens
     mean = first.vectors.astype(np.float64).mean(axis=0)
     assert float(np.asarray(pooled)[0] @ (mean / np.linalg.norm(mean))) > 0.9999
+
+
+def _worker(
+    kafka: LocalKafka, log: Path, topics: tuple[str, str], **settings: Any
+) -> WorkerProcess:
+    requests, results = topics
+    process = WorkerProcess(
+        kafka.bootstrap_servers,
+        log,
+        dtype="float32",
+        cache_bytes=16 * 2**20,
+        requests_topic=requests,
+        bulk_topic="",
+        results_topic=results,
+        group_id=f"{requests}.group",
+        **settings,
+    )
+    process.wait_ready()
+    return process
+
+
+async def test_a_worker_on_a_read_only_cache_volume_starts_and_serves_from_memory(
+    kafka: LocalKafka, tmp_path: Path
+) -> None:
+    """KEMBED_CACHE_PATH on a read-only volume holding a cache file: the worker starts
+    (one warning), caches in memory (the repeat is a hit), says it is not persisted, and
+    leaves the file as it was."""
+    topics = (f"test.cache.ro.{TAG}", f"test.cache.ro.results.{TAG}")
+    kafka.create_topics([TopicSpec(topics[0], 1), TopicSpec(topics[1], 1)])
+    texts = _texts(500, 8)
+    with read_only(tmp_path / "volume", fill=True) as volume:
+        path = volume / "cache.sqlite"
+        before = path.read_bytes()
+        process = _worker(kafka, tmp_path / "worker.log", topics, cache_path=str(path))
+        try:
+            client = EmbedClient(
+                kafka.bootstrap_servers, requests_topic=topics[0], reply_topic=topics[1]
+            )
+            async with client:
+                first = await client.embed_result(texts, timeout=60)
+                again = await client.embed_result(texts, timeout=60)
+            assert again.vectors.tobytes() == first.vectors.tobytes()
+            found = counters(process)
+            assert (found["misses"], found["hits"]) == (len(texts), len(texts))
+            assert info(process)["cache"] == {"max_bytes": 16 * 2**20, "persisted": False}
+        finally:
+            assert process.stop() == 0
+        off = [e for e in process.events() if e.get("event") == "cache.persistence_off"]
+        assert len(off) == 1, off
+        assert off[0]["level"] == "warning"
+        assert path.read_bytes() == before
+
+
+async def test_retrained_weights_of_the_same_size_and_time_are_not_answered_from_the_file(
+    kafka: LocalKafka, model_dir: Path, tmp_path: Path
+) -> None:
+    """A copy of the model, embedded with a persisted cache; then its weights are replaced
+    by retrained ones of the same size (a few weights changed) with the old modification
+    time, as ``cp -p`` of a reproducible build leaves them. The restarted worker reads no
+    entry back and answers with the new weights' vectors."""
+    topics = (f"test.cache.retrained.{TAG}", f"test.cache.retrained.results.{TAG}")
+    kafka.create_topics([TopicSpec(topics[0], 1), TopicSpec(topics[1], 1)])
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    texts = _texts(600, 8)
+    settings = {"model": str(model), "model_name": MODEL, "cache_path": str(tmp_path / "c.db")}
+
+    async def embed(process: WorkerProcess) -> npt.NDArray[np.float32]:
+        client = EmbedClient(
+            kafka.bootstrap_servers, requests_topic=topics[0], reply_topic=topics[1]
+        )
+        async with client:
+            vectors: npt.NDArray[np.float32] = (
+                await client.embed_result(texts, timeout=60)
+            ).vectors
+        return vectors
+
+    process = _worker(kafka, tmp_path / "worker-1.log", topics, **settings)
+    try:
+        old = await embed(process)
+    finally:
+        assert process.stop() == 0
+    weights = model / "model.safetensors"
+    stat = weights.stat()
+    _retrain(weights)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+
+    process = _worker(kafka, tmp_path / "worker-2.log", topics, **settings)
+    try:
+        opened = process.wait_for("cache.opened")
+        new = await embed(process)
+        found = counters(process)
+    finally:
+        assert process.stop() == 0
+    assert opened["entries"] == 0, "the old weights' entries were not read back"
+    assert (found["hits"], found["misses"]) == (0, len(texts))
+    assert new.tobytes() != old.tobytes()
+    cosines = np.sum(new * old, axis=1)
+    assert cosines.min() > 0.5, "still the same model, a little retrained"
+
+
+def _retrain(weights: Path) -> None:
+    """Scale the word embeddings of ``weights`` (a safetensors file) by 1.5, in place: the
+    same size, other bytes, other vectors."""
+    header = int.from_bytes(weights.read_bytes()[:8], "little")
+    tensors = json.loads(weights.read_bytes()[8 : 8 + header])
+    (name,) = [n for n in tensors if n.endswith("word_embeddings.weight")]
+    assert tensors[name]["dtype"] == "F32"
+    start, end = (8 + header + offset for offset in tensors[name]["data_offsets"])
+    with weights.open("r+b") as file:
+        file.seek(start)
+        values = np.frombuffer(file.read(end - start), dtype=np.float32) * np.float32(1.5)
+        file.seek(start)
+        file.write(values.tobytes())

@@ -82,7 +82,14 @@ def chunk_worker(
             "chunk_pooling": "mean",
         },
         f"{tag}-plain": {**base},
-        f"{tag}-no-room": {**base, "chunking": {"max_tokens": 8, "overlap_tokens": 6}},
+        f"{tag}-no-room": {**base, "chunking": {"max_tokens": 4, "overlap_tokens": 2}},
+        f"{tag}-half": {**base, "chunking": {"max_tokens": 256, "overlap_tokens": 253}},
+        f"{tag}-costly": {  # windows of 2 text tokens under 6 others, a token apart
+            **base,
+            "inputs": ["short", "twenty words make about twenty tokens " * 4],
+            "prompt": "a b c d",
+            "chunking": {"max_tokens": 8, "overlap_tokens": 1},
+        },
         f"{tag}-too-long": {**base, "chunking": {"max_tokens": 512}},
         f"{tag}-too-many": {
             **base,
@@ -200,7 +207,9 @@ async def test_mixed_requests_in_one_poll_are_each_answered(
     plain_rows = np.frombuffer(plain.vectors, dtype="<f4").reshape(-1, 384)
     assert cosines(plain_rows, reference(reference_model, texts)).min() > 0.9999
     for name, code, words in (
-        ("no-room", "invalid_request", "overlap_tokens' 6 must be below the window of 6"),
+        ("no-room", "invalid_request", "overlap_tokens' 2 must be below the window of 2"),
+        ("half", "invalid_request", "at most half of max_tokens 256), not 253"),
+        ("costly", "invalid_request", "more than 4 times as many (max_chunk_tokens_factor)"),
         ("too-long", "invalid_request", "exceeds the model's max_seq_length 256"),
         ("too-many", "too_many_inputs", f"more than {MAX_INPUTS} chunks"),
     ):

@@ -46,6 +46,7 @@ REQUESTS = f"test.rr.requests.{TAG}"
 RERANK_TOPIC = f"test.rr.rerank.{TAG}"
 RESULTS = f"test.rr.results.{TAG}"
 MAX_LENGTH = 128
+MAX_INPUT_CHARS = 70_000
 TANH = "torch.nn.modules.activation.Tanh"
 QUERY = "how do kafka consumer groups share the partitions of a topic"
 WORDS = [
@@ -123,6 +124,7 @@ def rerank_worker(
         bulk_topic="",
         results_topic=RESULTS,
         group_id=f"rr-{TAG}",
+        max_input_chars=MAX_INPUT_CHARS,
     )
     process.wait_ready()
     yield process
@@ -277,6 +279,52 @@ async def test_raw_scores_and_a_configured_activation(
     )
     assert isinstance(tanh, RerankResult)
     assert tanh.model == "ce-tanh"
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """The process's peak resident set (VmHWM), MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+async def test_a_64_kb_query_costs_one_window_not_one_per_document(
+    kafka: LocalKafka, rerank_worker: WorkerProcess, rerankers: dict[str, Path]
+) -> None:
+    """A query of 64 KB with 512 documents (a request of about 80 KB): answered with the
+    scores of CrossEncoder.predict (checked on a sample of the pairs), while the worker's
+    peak memory grows by less than 200 MiB (tokenizing the query into every pair took a
+    gigabyte, and tens of seconds of the tokenizer thread every model shares)."""
+    query = " ".join(_documents(2000, seed=7))[: 64 * 1024]
+    documents = _documents(512, seed=8)
+    before = _peak_rss_mib(rerank_worker.process.pid)
+    result = await _one(kafka, _rerank(documents, query, model="ce"))
+    grown = _peak_rss_mib(rerank_worker.process.pid) - before
+    assert isinstance(result, RerankResult)
+    assert result.tokens == (MAX_LENGTH,) * len(documents)
+    sample = list(range(0, 512, 37))
+    reference = _predict(rerankers["ce"], query, [documents[i] for i in sample])
+    assert np.abs(_scores(result)[sample] - reference).max() < 1e-4
+    assert grown < 200, f"the worker's peak RSS grew by {grown:.0f} MiB"
+
+
+async def test_a_text_over_max_input_chars_is_input_too_long(
+    kafka: LocalKafka, rerank_worker: WorkerProcess
+) -> None:
+    """KEMBED_MAX_INPUT_CHARS (70,000 here): a longer document is input_too_long at its
+    index, a longer query without one; a text of exactly the limit is scored."""
+    over, at_limit = "w " * (MAX_INPUT_CHARS // 2) + "w", "w " * (MAX_INPUT_CHARS // 2)
+    document = _rerank(["short", over], model="ce")
+    query = _rerank(["short"], over, model="ce")
+    fits = _rerank([at_limit], at_limit, model="ce")
+    results = await _send(kafka, [(REQUESTS, document), (REQUESTS, query), (REQUESTS, fits)])
+    for request, index, what in ((document, 1, "document"), (query, None, "query")):
+        (error,) = results[request.id]
+        assert isinstance(error, ErrorResult), error
+        assert (error.error.code, error.error.index) == (ErrorCode.INPUT_TOO_LONG, index)
+        assert f"the {what} has {MAX_INPUT_CHARS + 1} characters" in error.error.message
+    (scored,) = results[fits.id]
+    assert isinstance(scored, RerankResult)
 
 
 async def test_errors_name_the_document_and_the_kind(

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 from pydantic import SecretStr
 from pymilvus import MilvusClient
 
+from producer_sdk import EmbedClient
 from schemas import EmbedResult, encode_result
 from schemas.headers import (
     DLQ_ERROR_CODE,
@@ -26,6 +27,7 @@ from schemas.headers import (
     DLQ_OFFSET,
     DLQ_PARTITION,
     DLQ_TOPIC,
+    LANE,
 )
 from scripts.kafka_local import LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
@@ -44,6 +46,10 @@ from tests.integration.sink_helpers import (
 )
 
 pytestmark = pytest.mark.integration
+
+BULK = [(LANE, b"bulk")]
+"""The header a worker stamps on results of bulk requests: results written here directly
+carry it, as the sink writes only those."""
 
 STSB_TOPIC = "embed.results.stsb"
 PER_REQUEST = 20  # 2,758 sentences in 138 requests: a stream of results, not a few
@@ -386,7 +392,7 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
             producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
             await producer.start()
             try:
-                await producer.send_and_wait(topic, b"\xc1 not msgpack", partition=0)
+                await producer.send_and_wait(topic, b"\xc1 not msgpack", partition=0, headers=BULK)
                 small = EmbedResult(
                     id="dim-8",
                     model="m",
@@ -395,10 +401,23 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
                     tokens=(3,),
                     keys=("dim8-1",),
                 )
-                await producer.send_and_wait(topic, encode_result(small), partition=1)
+                await producer.send_and_wait(topic, encode_result(small), partition=1, headers=BULK)
+                # a valid result no worker stamped (written by anyone else)
+                unstamped = EmbedResult(
+                    id="forged",
+                    model="m",
+                    dim=384,
+                    vectors=np.ones((1, 384), "<f4").tobytes(),
+                    tokens=(3,),
+                    keys=("forged-1",),
+                )
+                await producer.send_and_wait(topic, encode_result(unstamped), partition=0)
             finally:
                 await producer.stop()
-            return count + 2
+            # an interactive request answered on the sink's input: stamped interactive
+            async with EmbedClient(bootstrap) as client:
+                await client.submit(["chosen row"], keys=["chosen-1"], reply_to=topic, bulk=False)
+            return count + 4
 
         sent += asyncio.run(bad_messages())
         asyncio.run(wait_drained(bootstrap, topic, group, sent, sink))
@@ -416,6 +435,8 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
             "missing_keys",
             "invalid_result",
             "dimension_mismatch",
+            "not_bulk_lane",
+            "not_bulk_lane",
         ]
     )
     for record in dead:
@@ -430,6 +451,16 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
         assert metric_value(metrics, "kembed_sink_errors_total", kind=code) == 1
         assert metric_value(metrics, "kembed_sink_dlq_messages_total", code=code) == 1
     assert metric_value(metrics, "kembed_sink_dlq_messages_total", code="dimension_mismatch") == 1
+    # not of the bulk lane: the worker's interactive answer, and one no worker wrote
+    assert metric_value(metrics, "kembed_sink_dlq_messages_total", code="not_bulk_lane") == 2
+    lanes = sorted(
+        (dict(r.headers).get(LANE, b"").decode(), dict(r.headers)[DLQ_ERROR_MESSAGE].decode())
+        for r in dead
+        if dict(r.headers)[DLQ_ERROR_CODE] == b"not_bulk_lane"
+    )
+    assert [lane for lane, _ in lanes] == ["", "interactive"]
+    assert "no kembed.lane" in lanes[0][1]
+    assert "kembed.lane: interactive" in lanes[1][1]
     assert metric_value(metrics, "kembed_sink_rows_upserted_total", table="errors") == 2
     log = (tmp_path / "sink.log").read_text()
     assert "confidential words" not in log
@@ -707,7 +738,7 @@ def test_a_result_processed_late_never_replaces_a_newer_row(
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
         await producer.start()
         try:
-            await producer.send_and_wait(topic, value, partition=partition)
+            await producer.send_and_wait(topic, value, partition=partition, headers=BULK)
         finally:
             await producer.stop()
 
@@ -771,7 +802,7 @@ def test_two_versions_of_a_key_in_one_batch_keep_the_newer(
         await producer.start()
         try:
             for partition, value in results:
-                await producer.send_and_wait(topic, value, partition=partition)
+                await producer.send_and_wait(topic, value, partition=partition, headers=BULK)
         finally:
             await producer.stop()
 
@@ -823,7 +854,7 @@ def test_bulk_mode_builds_the_index_once_the_sink_has_caught_up(
         await producer.start()
         try:
             for r, value in enumerate(values):
-                await producer.send_and_wait(topic, value, partition=r % 4)
+                await producer.send_and_wait(topic, value, partition=r % 4, headers=BULK)
         finally:
             await producer.stop()
 

@@ -26,8 +26,10 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from kembed_cli.main import main
 from producer_sdk import EmbedClient
+from schemas import EmbedRequest, EmbedResult, decode_result, encode_request
 from scripts.kafka_local import LocalKafka, TopicSpec, free_port
 from tests.conftest import ROOT, WorkerProcess
+from tests.integration.kafka_io import collect, producer
 from tests.integration.sink_helpers import SinkProcess
 
 pytestmark = pytest.mark.integration
@@ -117,7 +119,12 @@ def test_create_makes_every_topic_as_planned_check_agrees_and_create_again_chang
         f"{docs}.dlq": 1,
     }
     assert found[settings["requests_topic"]][1]["max.message.bytes"] == str(8 * 1024 * 1024)
+    for name in (settings["requests_topic"], settings["bulk_topic"]):
+        assert found[name][1]["message.timestamp.type"] == "LogAppendTime"
     assert int(found[docs][1]["max.message.bytes"]) > 1_000_000
+    for name in (docs, f"{docs}.dlq"):  # the only copy of the vectors until a sink writes them
+        assert found[name][1]["retention.ms"] == str(7 * 24 * 3600 * 1000)
+        assert found[name][1]["retention.bytes"] == "-1"
     assert found[settings["catalog_topic"]][1]["cleanup.policy"] == "compact,delete"
 
     checked = run("check", "--results", docs, "--partitions", "3", "--json")
@@ -135,14 +142,19 @@ def test_create_makes_every_topic_as_planned_check_agrees_and_create_again_chang
 
 def test_topics_created_wrong_are_one_problem_line_each_and_exit_1(kafka: LocalKafka) -> None:
     settings = fleet(f"w{uuid.uuid4().hex[:8]}")
+    stamped = {"message.timestamp.type": "LogAppendTime"}
+    docs = f"{settings['results_topic']}.docs"
     kafka.create_topics(
         [
-            TopicSpec(settings["requests_topic"], 1, {"max.message.bytes": str(8 * 1024 * 1024)}),
-            TopicSpec(settings["bulk_topic"], 2, {"max.message.bytes": str(1024 * 1024)}),
+            TopicSpec(
+                settings["requests_topic"], 1, {"max.message.bytes": str(8 * 1024 * 1024)}
+            ),  # and the producers' timestamps (CreateTime, Kafka's default)
+            TopicSpec(settings["bulk_topic"], 2, {"max.message.bytes": str(1024 * 1024)} | stamped),
             TopicSpec(settings["catalog_topic"], 1),  # cleanup.policy=delete
+            TopicSpec(docs, 2, {"retention.ms": "3600000"}),  # a sink's input, kept 1 hour
         ]
     )
-    args = [*flags(settings), "--partitions", "2"]
+    args = [*flags(settings), "--results", docs, "--partitions", "2"]
     code, output = kembed_topics(kafka, "create", *args)
     assert code == 1, output
     # the others are created; those that were there are reported, never changed
@@ -150,23 +162,61 @@ def test_topics_created_wrong_are_one_problem_line_each_and_exit_1(kafka: LocalK
     expected = [
         f"problem: requests topic '{settings['requests_topic']}' has 1 partition(s), fewer "
         "than the 2 planned",
+        f"problem: requests topic '{settings['requests_topic']}' has message.timestamp.type="
+        "CreateTime, not LogAppendTime: its producers set the timestamps that sinks take as "
+        "their rows' versions",
         f"problem: bulk requests topic '{settings['bulk_topic']}' has max.message.bytes="
         f"{1024 * 1024}, below the {4 * 1024 * 1024 + 16 * 1024} that "
         f"max_request_bytes={4 * 1024 * 1024} needs",
         f"problem: model catalog topic '{settings['catalog_topic']}' has cleanup.policy=delete, "
         "not compacted (needs cleanup.policy=compact,delete)",
+        f"problem: sink results topic '{docs}' has retention.ms=3600000, below the 604800000 "
+        "planned: results a sink has not written by then are deleted",
     ]
     assert problems(output) == expected
     code, output = kembed_topics(kafka, "check", *args)
     assert (code, problems(output)) == (1, expected)
     # without --partitions, check leaves partition counts alone
-    code, output = kembed_topics(kafka, "check", *flags(settings))
+    code, output = kembed_topics(kafka, "check", *flags(settings), "--results", docs)
     assert (code, problems(output)) == (1, expected[1:])
+    # a sink that may be down for less than an hour asks for less
+    code, output = kembed_topics(
+        kafka, "check", *flags(settings), "--results", docs, "--results-retention-ms", "3600000"
+    )
+    assert (code, problems(output)) == (1, expected[1:-1])
     # a missing topic is a problem too
     code, output = kembed_topics(kafka, "check", *flags(settings), "--results", "absent.x")
     assert code == 1
-    assert "problem: results topic 'absent.x' is missing" in problems(output)
+    assert "problem: sink results topic 'absent.x' is missing" in problems(output)
     assert "problem: sink dead letters topic 'absent.x.dlq' is missing" in problems(output)
+
+
+async def test_a_requests_version_is_the_brokers_time_whatever_its_producer_stamped(
+    kafka: LocalKafka, worker: WorkerProcess
+) -> None:
+    """On a request topic as planned (LogAppendTime), the broker sets the record's
+    timestamp: a producer that stamps its request in 2100 does not get rows that no later
+    version can replace. The worker copies the record's timestamp as the result's
+    requested_ms (the rows' version), the broker's time, on both lanes."""
+    reply = f"test.stamped.{uuid.uuid4().hex[:8]}"
+    kafka.create_topics([TopicSpec(reply, 1)])
+    forged = 4_102_444_800_000  # 2100-01-01T00:00:00Z
+    sent: dict[str, Any] = {}
+    async with producer(kafka.bootstrap_servers) as client:
+        for lane in ("embed.requests", "embed.requests.bulk"):
+            request = EmbedRequest(id=f"stamped-{lane}", inputs=("a text",), reply_to=reply)
+            sent[request.id] = await client.send_and_wait(
+                lane, encode_request(request), partition=0, timestamp_ms=forged
+            )
+    records = await collect(kafka.bootstrap_servers, reply, lambda found: len(found) >= 2)
+    results = {r.id: r for r in (decode_result(record.value) for record in records)}
+    assert set(results) == set(sent)
+    for request_id, appended in sent.items():
+        assert appended.timestamp_type == 1  # LogAppendTime: the broker's clock
+        assert appended.timestamp < forged
+        result = results[request_id]
+        assert isinstance(result, EmbedResult), result
+        assert result.requested_ms == appended.timestamp
 
 
 def ready(url: str) -> tuple[int, dict[str, Any]]:

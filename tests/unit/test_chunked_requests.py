@@ -53,7 +53,13 @@ async def test_chunked_plain_and_failing_requests_in_one_poll() -> None:
             chunking=chunking,
         ),
         EmbedRequest(id="too-long", inputs=("w1",), chunking=Chunking(MAX_SEQ + 1)),
-        EmbedRequest(id="overlap", inputs=("w1",), chunking=Chunking(8, 8 - 1)),
+        EmbedRequest(id="overlap", inputs=("w1",), chunking=Chunking(8, 4)),
+        EmbedRequest(  # a window of 1 text token under 4 of prompt: 5 tokens per token
+            id="costly",
+            inputs=("w1 w2", text(rng, 30)),
+            prompt="w1 w2 w3 w4",
+            chunking=Chunking(5),
+        ),
         EmbedRequest(id="too-many", inputs=(text(rng, 150), text(rng, 150)), chunking=chunking),
     ]
     async with Harness(encoder, max_client_batch_size=40, max_batch_size=256) as h:
@@ -106,8 +112,13 @@ async def test_chunked_plain_and_failing_requests_in_one_poll() -> None:
         assert error.error.code == code
         assert words in error.error.message
     overlap = results["overlap"]
-    assert isinstance(overlap, EmbedResult)  # no special tokens here: window 8, overlap 7
+    assert isinstance(overlap, EmbedResult)  # no special tokens here: window 8, overlap 4
     assert overlap.chunks == (1,)
+    costly = results["costly"]
+    assert isinstance(costly, ErrorResult)
+    assert costly.error.code == ErrorCode.INVALID_REQUEST
+    assert costly.error.index == 1
+    assert "max_chunk_tokens_factor" in costly.error.message
 
 
 async def test_chunks_share_batches_and_count_as_inputs() -> None:

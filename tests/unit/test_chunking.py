@@ -108,7 +108,7 @@ def test_chunks_cover_the_text_fit_the_window_and_overlap(
     non-space character, overlap by the requested tokens, and every chunk tokenizes to at
     most max_tokens tokens on its own (special tokens included)."""
     window = max_tokens - chunker().special_tokens
-    overlap = data.draw(st.integers(min_value=0, max_value=window - 1))
+    overlap = data.draw(st.integers(min_value=0, max_value=min(window - 1, max_tokens // 2)))
     chunking = Chunking(max_tokens, overlap)
     if not text.strip():
         assert chunker().split(text, chunking) == [(0, len(text))]
@@ -261,8 +261,8 @@ def test_without_whitespace_the_cut_is_exactly_at_the_window() -> None:
         pytest.param(Chunking(257), "", "exceeds the model's max_seq_length 256", id="too long"),
         pytest.param(Chunking(2), "", "no room for text", id="only special tokens"),
         pytest.param(Chunking(4), "query: ", "2 prompt tokens = 0 tokens", id="prompt fills it"),
-        pytest.param(Chunking(12, 10), "", "below the window of 10 text tokens", id="overlap"),
-        pytest.param(Chunking(12, 8), "query: ", "window of 8", id="overlap with prompt"),
+        pytest.param(Chunking(4, 2), "", "below the window of 2 text tokens", id="overlap"),
+        pytest.param(Chunking(16, 8), "a b c d e f", "window of 8", id="overlap with prompt"),
     ],
 )
 def test_impossible_windows_are_invalid_request(
@@ -306,6 +306,26 @@ def test_too_many_chunks_is_too_many_inputs() -> None:
         expand(request, chunker(), "", max_inputs=19)
     assert caught.value.error.code == ErrorCode.TOO_MANY_INPUTS
     assert "more than 19 chunks" in caught.value.error.message
+
+
+def test_chunks_holding_many_times_the_text_are_invalid_request_naming_the_input() -> None:
+    """Windows of 2 text tokens under 6 of prompt and special tokens, a token apart: each
+    chunk of 8 tokens brings 1 new, so a text of 100 tokens would make about 800 tokens of
+    chunks: invalid_request at that input, before any chunk is tokenized; the same text
+    in windows that cost less than max_chunk_tokens_factor times it is chunked."""
+    prompt, text = "a b c d", words(100)
+    costly = EmbedRequest(id="r", inputs=("short", text), chunking=Chunking(8, 1))
+    with pytest.raises(ChunkingError) as caught:
+        expand(costly, chunker(), prompt, max_inputs=512, factor=4)
+    assert caught.value.error.code == ErrorCode.INVALID_REQUEST
+    assert caught.value.error.index == 1
+    assert "max_chunk_tokens_factor" in caught.value.error.message
+    assert "from a text of 106 tokens" in caught.value.error.message
+    (answer,) = expand_all([(costly, chunker(), prompt)], 512, factor=4)
+    assert isinstance(answer, ErrorInfo)
+    assert answer.index == 1
+    fine = EmbedRequest(id="r", inputs=("short", text), chunking=Chunking(32, 8))
+    assert isinstance(expand(fine, chunker(), prompt, max_inputs=512, factor=4), ChunkedRequest)
 
 
 def test_expand_all_answers_each_request() -> None:

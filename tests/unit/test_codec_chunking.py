@@ -39,7 +39,7 @@ def unpack(data: bytes) -> Any:
 @st.composite
 def chunkings(draw: st.DrawFn) -> Chunking:
     max_tokens = draw(st.integers(min_value=1, max_value=2**31))
-    return Chunking(max_tokens, draw(st.integers(min_value=0, max_value=max_tokens - 1)))
+    return Chunking(max_tokens, draw(st.integers(min_value=0, max_value=max_tokens // 2)))
 
 
 @st.composite
@@ -131,8 +131,18 @@ def test_explicit_pooling_none_with_chunking_is_accepted() -> None:
         pytest.param({"chunking": {"max_tokens": 8.0}}, "must be an integer", id="float window"),
         pytest.param(
             {"chunking": {"max_tokens": 8, "overlap_tokens": 8}},
-            "must be in 0..7",
+            "must be in 0..4",
             id="overlap equal to window",
+        ),
+        pytest.param(
+            {"chunking": {"max_tokens": 8, "overlap_tokens": 5}},
+            "at most half of max_tokens 8), not 5",
+            id="overlap over half the window",
+        ),
+        pytest.param(
+            {"chunking": {"max_tokens": 256, "overlap_tokens": 253}},
+            "must be in 0..128 (at most half of max_tokens 256), not 253",
+            id="overlap a token short of the window",
         ),
         pytest.param(
             {"chunking": {"max_tokens": 8, "overlap_tokens": -1}},
@@ -176,7 +186,7 @@ def test_invalid_chunking_is_invalid_request(changes: dict[str, Any], words: str
 
 @pytest.mark.parametrize(
     ("max_tokens", "overlap"),
-    [(0, 0), (5, 5), (5, -1), (True, 0), (5, 1.5)],
+    [(0, 0), (5, 5), (5, 3), (256, 129), (5, -1), (True, 0), (5, 1.5)],
 )
 def test_chunking_rejects_impossible_numbers(max_tokens: Any, overlap: Any) -> None:
     with pytest.raises(ValueError, match="chunking"):

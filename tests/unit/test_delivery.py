@@ -18,7 +18,7 @@ from aiokafka.errors import CommitFailedError
 from kembed_shared.kafka.commit_errors import FatalCommitError
 from kembed_shared.observability.probes import Probes
 from kembed_shared.ports import KafkaAccessError, PublishError, Record, TopicPartition
-from schemas.headers import CORRELATION_ID, DLQ_ERROR_CODE, DLQ_ERROR_MESSAGE
+from schemas.headers import CORRELATION_ID, DLQ_ERROR_CODE, DLQ_ERROR_MESSAGE, LANE
 from worker.delivery import AtLeastOnce, ExactlyOnce, TransactionError, make_delivery
 from worker.offsets import OffsetTracker
 from worker.replies import ReplyTo
@@ -926,3 +926,49 @@ async def test_exactly_once_offsets_refused_for_good_fail_the_worker_once() -> N
     [failed] = [entry for entry in logs if entry["event"] == "transaction.failed"]
     assert failed["log_level"] == "error"
     assert (failed["phase"], failed["error"]) == ("send_offsets", "GroupAuthorizationFailedError")
+
+
+async def test_every_answer_carries_the_lane_of_its_request_both_ways() -> None:
+    """Results say which lane their request came on (kembed.lane): a sink writes only
+    those of the bulk lane. At least once and exactly once alike."""
+    sent: list[dict[str, bytes]] = []
+
+    class Plain(PlainPublisher):
+        async def send(
+            self,
+            topic: str,
+            value: bytes,
+            *,
+            key: bytes | None = None,
+            partition: int | None = None,
+            headers: Sequence[tuple[str, bytes]] = (),
+        ) -> None:
+            sent.append(dict(headers))
+
+    delivery = AtLeastOnce(
+        Plain(),
+        FakeSource(),
+        OffsetTracker(),
+        results_topic="embed.results",
+        dlq_topic="embed.requests.dlq",
+        commit_interval_s=1.0,
+        on_fatal=print,
+    )
+    records = [Record(TP[0], TP[1], offset, b"") for offset in range(2)]
+    for record, lane in zip(records, ("bulk", "interactive"), strict=True):
+        delivery.track(record)
+        assert await delivery.answer(record, ReplyTo(f"id-{lane}", None, None, lane), b"v")
+    assert [(h[CORRELATION_ID], h[LANE]) for h in sent] == [
+        (b"id-bulk", b"bulk"),
+        (b"id-interactive", b"interactive"),
+    ]
+
+    h = Harness()
+    record = h.record(0)
+    call = asyncio.create_task(h.delivery.answer(record, ReplyTo("id-b", None, None, "bulk"), b"v"))
+    await settle()
+    await h.delivery.commit()
+    assert await call
+    [transaction] = h.producer.transactions()
+    [headers] = [event[3] for event in transaction if event[0] == "send"]
+    assert headers[LANE] == b"bulk"

@@ -240,7 +240,7 @@ def test_api_keys_come_from_the_list_and_the_file_and_never_print(tmp_path: Path
     assert gateway_settings(api_keys="  ").keys() == ()  # an empty env var is unset
 
 
-def test_api_keys_may_name_a_key_file_and_a_key_starting_with_a_slash_stays_a_key(
+def test_api_keys_may_name_a_key_file_and_a_key_starting_with_a_slash_goes_in_a_list(
     tmp_path: Path,
 ) -> None:
     """KEMBED_GATEWAY_API_KEYS takes a list or the path of a file of keys (a secret)."""
@@ -251,7 +251,7 @@ def test_api_keys_may_name_a_key_file_and_a_key_starting_with_a_slash_stays_a_ke
         "sk-file-1",
         "sk-file-2",
     )
-    assert gateway_settings(api_keys="/sk+abc/def").keys() == ("/sk+abc/def",)
+    assert gateway_settings(api_keys="/sk+abc/def,").keys() == ("/sk+abc/def",)
     assert gateway_settings(api_keys=f"{secret_file},sk-two").keys() == (str(secret_file), "sk-two")
     empty = tmp_path / "empty"
     empty.write_text("# nothing\n")
@@ -269,6 +269,24 @@ def test_an_unusable_key_file_is_a_settings_error_that_shows_no_key(tmp_path: Pa
     with pytest.raises(ValidationError, match="holds no key") as refused:
         gateway_settings(api_keys=" , ,")
     assert "sk-" not in str(refused.value)
+
+
+def test_an_absolute_api_keys_path_that_cannot_be_read_is_a_settings_error_not_a_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A secret that failed to mount must not become the one valid key: one value that
+    starts with / is a key file's path, whether or not it exists; unreadable, the gateway
+    does not start (exit 2, one line naming the setting, not the value)."""
+    missing = str(tmp_path / "not-mounted" / "keys")
+    with pytest.raises(ValidationError, match=r"api_keys .*the key file cannot be read") as refused:
+        gateway_settings(api_keys=missing)
+    assert missing not in str(refused.value)  # the value might have been a key
+    with pytest.raises(ValidationError, match="cannot be read"):
+        gateway_settings(api_keys=str(tmp_path))  # a directory
+    assert main(["gateway", "--api-keys", missing]) == 2
+    err = capsys.readouterr().err
+    assert "api_keys (a path: it starts with '/'): the key file cannot be read" in err
+    assert missing not in err
 
 
 def test_kembed_gateway_with_an_unreadable_key_file_exits_2(
@@ -504,6 +522,24 @@ async def test_a_lone_surrogate_is_400() -> None:
     error = openai_error(answer, 400, "invalid_request", "invalid_request_error", param="input")
     assert "surrogate" in error["message"]
     assert "private" not in answer.text
+    assert fake.calls == []
+
+
+async def test_a_body_the_framework_cannot_parse_answers_in_the_apis_shape() -> None:
+    """Bytes that are not UTF-8 make the framework give up before validation: still the
+    API's error shape (OpenAI 400, TEI 422), never FastAPI's {"detail": ...}; and so are
+    an unknown path (404) and a method a path does not take (405, with Allow)."""
+    headers = {"content-type": "application/json"}
+    async with served() as (http, fake):
+        openai = await http.post("/v1/embeddings", content=b'{"input": "\xff"}', headers=headers)
+        tei = await http.post("/embed", content=b'{"inputs": "\xff"}', headers=headers)
+        missing = await http.get("/v1/embedding")
+        wrong = await http.get("/rerank")
+    openai_error(openai, 400, "invalid_request", "invalid_request_error", param=None)
+    assert (tei.status_code, tei_error(tei)["error_type"]) == (422, "Validation")
+    openai_error(missing, 404, "not_found", "invalid_request_error")
+    assert (wrong.status_code, tei_error(wrong)["error_type"]) == (405, "Validation")
+    assert wrong.headers["allow"] == "POST"
     assert fake.calls == []
 
 
@@ -901,3 +937,21 @@ def _no_gateway_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("KEMBED_GATEWAY_"):
             monkeypatch.delenv(name)
+
+
+async def test_a_text_over_max_input_chars_is_input_too_long_in_both_shapes() -> None:
+    """A text of more than max_input_chars characters: OpenAI's 400 input_too_long naming
+    the input, TEI's 422 Validation; nothing is sent, a text at the limit is; the client is
+    made with the same limit."""
+    async with served(max_input_chars=10) as (http, fake):
+        openai = await http.post("/v1/embeddings", json={"model": MODEL, "input": ["a", "b" * 11]})
+        tei = await http.post("/embed", json={"inputs": "c" * 11})
+        assert fake.calls == []
+        fits = await http.post("/v1/embeddings", json={"model": MODEL, "input": "d" * 10})
+    error = openai_error(openai, 400, "input_too_long", "invalid_request_error", param="input")
+    assert "input[1] has 11 characters, above this gateway's limit of 10" in error["message"]
+    assert tei.status_code == 422
+    assert tei_error(tei)["error_type"] == "Validation"
+    assert "has 11 characters" in tei_error(tei)["error"]
+    assert fits.status_code == 200
+    assert fake.options["max_input_chars"] == 10

@@ -393,3 +393,21 @@ async def test_both_endpoints_are_in_the_openapi_document_and_the_docs() -> None
     assert {"/v1/rerank", "/rerank"} <= set(document["paths"])
     for heading in ("### `POST /v1/rerank`", "### `POST /rerank`"):
         assert heading in DOCS
+
+
+async def test_a_query_or_document_over_max_input_chars_is_input_too_long() -> None:
+    """The query or a document over max_input_chars: 400 input_too_long naming it (OpenAI's
+    shape), 422 Validation (TEI's); nothing is sent."""
+    async with with_reranker(max_input_chars=30) as (http, fake):
+        query = await http.post("/v1/rerank", json={"query": "q" * 31, "documents": DOCUMENTS})
+        document = await http.post(
+            "/v1/rerank", json={"query": QUERY, "documents": [*DOCUMENTS[:1], "x" * 31]}
+        )
+        tei = await http.post("/rerank", json={"query": QUERY, "texts": ["y" * 31]})
+        assert fake.calls == []
+    error = openai_error(query, 400, "input_too_long", "invalid_request_error", param="query")
+    assert "query has 31 characters" in error["message"]
+    error = openai_error(document, 400, "input_too_long", "invalid_request_error")
+    assert "documents[1] has 31 characters" in error["message"]
+    assert tei.status_code == 422
+    assert "texts[0] has 31 characters" in tei_error(tei)["error"]

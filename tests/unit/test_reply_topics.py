@@ -3,10 +3,13 @@ which topics a request may have its answer written to, and where the answer goes
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
+import yaml  # type: ignore[import-untyped]
 from pydantic import ValidationError
 
 from kembed_shared.ports import Record
@@ -14,8 +17,9 @@ from kembed_shared.settings import describe_errors
 from producer_sdk import EmbedError
 from schemas import ErrorCode
 from schemas.headers import CORRELATION_ID, routing_headers
+from sink.settings import SinkSettings
 from worker.decode import Accepted, DeadLetter, Limits, ModelLimits, Rejected, decode_record
-from worker.settings import DEFAULT_REPLY_TOPICS, WorkerSettings
+from worker.settings import DEFAULT_INGEST_TOPICS, DEFAULT_REPLY_TOPICS, WorkerSettings
 
 
 def settings(**fields: Any) -> WorkerSettings:
@@ -164,3 +168,89 @@ def test_an_invalid_header_topic_is_left_out() -> None:
 def test_the_sdk_knows_reply_forbidden_is_not_retriable() -> None:
     assert not ErrorCode.REPLY_FORBIDDEN.retriable
     assert not EmbedError("reply_forbidden", "x").retriable
+
+
+# ---------------------------------------------------------------- ingestion results topics
+
+
+def test_ingestion_results_topics_are_a_name_space_of_their_own() -> None:
+    """The default reply_topics (interactive replies) does not cover embed.ingest.*, the
+    sinks' input; ingest_topics does, and a results topic inside it is a settings error
+    (interactive results would reach a sink)."""
+    chosen = settings()
+    assert WorkerSettings.model_fields["ingest_topics"].default == DEFAULT_INGEST_TOPICS
+    assert re.fullmatch(DEFAULT_REPLY_TOPICS, "embed.ingest.docs") is None
+    assert chosen.ingest_topic("embed.ingest.docs")
+    assert not chosen.ingest_topic("embed.results.docs")
+    assert not chosen.ingest_topic("embed.ingest")
+    assert chosen.reply_topic_allowed("embed.ingest.docs")  # for the bulk lane
+    assert not settings(ingest_topics="").ingest_topic("embed.ingest.docs")
+    with pytest.raises(ValidationError, match="matches ingest_topics"):
+        settings(results_topic="embed.ingest.replies")
+
+
+BULK_LIMITS = Limits(
+    max_request_bytes=4096,
+    max_client_batch_size=4,
+    models={"minilm": MODEL},
+    reply_allowed=settings(reply_topics=".+").reply_topic_allowed,  # even the widest
+    ingest_topic=settings().ingest_topic,
+    bulk_topics=frozenset({"embed.requests.bulk"}),
+)
+
+
+def on_lane(
+    topic: str, body: dict[str, Any], headers: list[tuple[str, bytes]] | None = None
+) -> object:
+    value = msgpack.packb(body, use_bin_type=True)
+    record = Record(topic, 0, 1, value, headers=tuple(headers or ()))
+    return decode_record(record, BULK_LIMITS, now_ms=0)
+
+
+@pytest.mark.parametrize(
+    ("body", "headers"),
+    [
+        (request(reply_to="embed.ingest.docs", keys=["chosen-row"]), None),
+        (request(), routing_headers("r-1", "embed.ingest.docs")),  # Spring's header alone
+    ],
+)
+def test_an_interactive_request_cannot_reply_to_an_ingestion_topic(
+    body: dict[str, Any], headers: list[tuple[str, bytes]] | None
+) -> None:
+    """Only the bulk lane answers on a sink's input: an interactive request naming one,
+    in its body or its headers, is not computed, and its error result (which a sink
+    dead-letters) says why and where to send it instead."""
+    refused = on_lane("embed.requests", body, headers)
+    assert isinstance(refused, Rejected), refused
+    assert refused.error.code == ErrorCode.REPLY_FORBIDDEN
+    assert refused.reply_to == "embed.ingest.docs"
+    assert "bulk lane only" in refused.error.message
+    assert "embed.requests.bulk" in refused.error.message
+    accepted = on_lane("embed.requests.bulk", body, headers)
+    assert isinstance(accepted, Accepted), accepted
+    assert accepted.request.reply_to == "embed.ingest.docs"
+    interactive = on_lane("embed.requests", request(reply_to="embed.results.docs"))
+    assert isinstance(interactive, Accepted)  # interactive replies stay interactive's
+
+
+def test_the_sink_topics_of_the_chart_compose_and_sink_are_outside_the_interactive_replies() -> (
+    None
+):
+    """The default reply allow-list once covered the sink's input (embed.results.docs):
+    now the sink reads an ingestion topic, which the default reply_topics does not match
+    and ingest_topics does, in the Helm chart, in Compose and as the sink's default."""
+    root = Path(__file__).resolve().parents[2]
+    values = yaml.safe_load((root / "deploy/helm/kembed/values.yaml").read_text("utf-8"))
+    compose = yaml.safe_load((root / "deploy/compose/compose.yaml").read_text("utf-8"))
+    sink_env = compose["services"]["sink"]["environment"]
+    topics = {
+        values["sink"]["resultsTopic"],
+        sink_env["KEMBED_SINK_RESULTS_TOPIC"],
+        str(SinkSettings.model_fields["results_topic"].default),
+    }
+    assert topics == {"embed.ingest.docs"}
+    for topic in topics:
+        assert re.fullmatch(DEFAULT_REPLY_TOPICS, topic) is None
+        assert settings().ingest_topic(topic)
+    command = compose["services"]["topics"]["command"]
+    assert command[command.index("--results") + 1] == "embed.ingest.docs"

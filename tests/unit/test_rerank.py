@@ -5,6 +5,7 @@ cross-encoder (against sentence-transformers' CrossEncoder)."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from schemas import (
     encode_request,
 )
 from tests.cross_encoder import build_cross_encoder
+from tests.unit.tokenizer_cost import peak_growth_mib
 from worker.decode import Accepted, Limits, ModelLimits, Rejected, decode_record
 from worker.encoder import Prepared
 from worker.rerank import (
@@ -242,6 +244,48 @@ def test_pairs_tokenize_as_hugging_face_tokenizer_does(cross_encoder_dir: Path, 
         assert piece.truncated == (len(full) > MAX_LENGTH)
     assert any(truncated)
     assert not all(truncated)
+
+
+def _words(count: int, seed: int) -> str:
+    rng = random.Random(seed)
+    vocabulary = ["alps", "mont", "blanc", "unbelievable", "snow", "metres", ".", "tallest"]
+    return " ".join(rng.choice(vocabulary) for _ in range(count))
+
+
+@pytest.mark.parametrize("max_length", [MAX_LENGTH, MAX_LENGTH - 1])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_long_pairs_tokenize_as_hugging_face_tokenizer_does(
+    cross_encoder_dir: Path, side: str, max_length: int
+) -> None:
+    """Queries and documents of every length around the pair's token budget, and far over
+    it (hundreds of tokens), with an even and an odd budget (where longest-first
+    gives the extra token to the longer text): the ids, token types and truncation flag of
+    Hugging Face's tokenizer(query, document, truncation=True)."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(cross_encoder_dir))
+    hf.truncation_side = side
+    tokenizer = TextTokenizer.from_model_dir(cross_encoder_dir, max_length)
+    lengths = [1, 9, 10, 11, 12, 20, 21, 22, 23, 400]
+    queries = [_words(n, seed=n) for n in lengths]
+    documents = [_words(n, seed=100 + n) for n in lengths]
+    pairs = [(q, d) for q in queries for d in documents]
+    pieces = tokenizer.encode_pairs(pairs, side)
+    for piece, (query, document) in zip(pieces, pairs, strict=True):
+        expected = hf(query, document, truncation=True, max_length=max_length)
+        assert piece.ids == expected["input_ids"]
+        types = Prepared.pad([piece.ids], 0, [piece.segment or 0]).types
+        assert types is not None
+        assert types[0].tolist() == expected["token_type_ids"]
+        whole = hf(query, document, truncation=False)["input_ids"]
+        assert piece.truncated == (len(whole) > max_length)
+
+
+def test_a_long_query_is_tokenized_once_not_once_per_document() -> None:
+    """A 64 KB query with 128 short documents: the tokenizer's peak memory stays within
+    what one query and the windows take (tokenizing the query into every pair took about
+    a quarter of a gigabyte, and the time to match)."""
+    assert peak_growth_mib("pairs", chars=64 * 1024, n=128) < 64
 
 
 def test_pairs_without_a_template_give_the_second_text_type_one() -> None:

@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from kembed_shared.ports import Record
 from schemas import (
+    Chunking,
     EmbedRequest,
     EmbedResult,
     ErrorCode,
@@ -79,7 +80,9 @@ def _sigmoid(x: float) -> np.float32:
     return np.float32(1 / (1 + np.exp(-np.float64(np.float32(x)))))
 
 
-async def _run(requests: list[Request], max_client_batch_size: int) -> dict[str, object]:
+async def _run(
+    requests: list[Request], max_client_batch_size: int, **more: Any
+) -> dict[str, object]:
     source = FakeSource({(TOPIC, 0)})
     publisher = FakePublisher()
     tokenizer = word_tokenizer()
@@ -93,6 +96,7 @@ async def _run(requests: list[Request], max_client_batch_size: int) -> dict[str,
         "bulk_topic": "",
         "commit_interval_ms": 10,
         "max_client_batch_size": max_client_batch_size,
+        **more,
     }
     pipeline = Pipeline(
         source=source,
@@ -206,3 +210,35 @@ async def test_scores_order_and_errors_through_the_pipeline() -> None:
     assert sample("kembed_inputs_total", model="ce", outcome="ok") == 5 + 3 + 2
     assert sample("kembed_requests_total", model="ce", outcome="ok") == 3
     assert sample("kembed_requests_total", model="ce", outcome="internal") == 1
+
+
+async def test_texts_over_max_input_chars_are_input_too_long() -> None:
+    """With max_input_chars 50: a longer query is input_too_long without an index, a longer
+    document or (unchunked) input names itself, a text of exactly 50 is scored, and a
+    chunked input may be longer (its chunks use all of it)."""
+    long_text = " ".join(["w1"] * 17)  # 50 characters
+    longer = long_text + " w2"
+    requests: list[Request] = [
+        RerankRequest(id="query", query=longer, documents=("w5",), reply_to=REPLIES),
+        _rerank("document", ["w5", "w6", longer]),
+        _rerank("fits", [long_text]),
+        EmbedRequest(id="input", inputs=("w1", longer), model="fake", reply_to=REPLIES),
+        EmbedRequest(
+            id="chunked", inputs=(longer,), model="fake", reply_to=REPLIES, chunking=Chunking(8)
+        ),
+    ]
+    results = await _run(requests, max_client_batch_size=8, max_input_chars=50)
+    for request_id, index, what in [("query", None, "query"), ("document", 2, "document")]:
+        error = results[request_id]
+        assert isinstance(error, ErrorResult), (request_id, error)
+        assert (error.error.code, error.error.index) == (ErrorCode.INPUT_TOO_LONG, index)
+        assert f"the {what} has 53 characters, above the worker's max_input_chars 50" in (
+            error.error.message
+        )
+    error = results["input"]
+    assert isinstance(error, ErrorResult)
+    assert (error.error.code, error.error.index) == (ErrorCode.INPUT_TOO_LONG, 1)
+    assert isinstance(results["fits"], RerankResult)
+    chunked = results["chunked"]
+    assert isinstance(chunked, EmbedResult)
+    assert chunked.chunks is not None

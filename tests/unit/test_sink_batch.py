@@ -21,7 +21,15 @@ from kembed_shared.observability.probes import Probes
 from kembed_shared.ports import Record, TopicPartition
 from kembed_shared.settings import KafkaClientSettings
 from schemas import EmbedResult, ErrorCode, ErrorInfo, ErrorResult, encode_result
-from schemas.headers import DLQ_ERROR_CODE, DLQ_OFFSET, DLQ_PARTITION, DLQ_TOPIC
+from schemas.headers import (
+    CORRELATION_ID,
+    DLQ_ERROR_CODE,
+    DLQ_ERROR_MESSAGE,
+    DLQ_OFFSET,
+    DLQ_PARTITION,
+    DLQ_TOPIC,
+    LANE,
+)
 from sink import app as sink_app
 from sink.app import Sink
 from sink.metrics import SinkMetrics
@@ -29,7 +37,7 @@ from sink.rows import Row
 from sink.settings import SinkSettings
 from sink.store import DimensionMismatchError, Metric, RowsRefusedError, TransientWriteError
 
-TOPIC = "embed.results.docs"
+TOPIC = "embed.ingest.docs"  # the sink's default results topic
 
 
 class Log:
@@ -135,8 +143,17 @@ def vectors_result(
     )
 
 
-def record(offset: int, value: bytes, partition: int = 0) -> Record:
-    return Record(TOPIC, partition, offset, value, timestamp_ms=1)
+BULK_LANE = ((LANE, b"bulk"),)
+"""What a worker stamps on the result of a bulk request (the only ones a sink writes)."""
+
+
+def record(
+    offset: int,
+    value: bytes,
+    partition: int = 0,
+    headers: tuple[tuple[str, bytes], ...] = BULK_LANE,
+) -> Record:
+    return Record(TOPIC, partition, offset, value, headers=headers, timestamp_ms=1)
 
 
 def make_sink(
@@ -187,6 +204,37 @@ async def test_one_write_then_dead_letters_then_the_commit() -> None:
     assert (headers[DLQ_PARTITION], headers[DLQ_OFFSET]) == (b"0", b"11")
     assert metrics.rows.labels("docs")._value.get() == 3
     assert metrics.dlq_messages.labels("unknown_model")._value.get() == 1
+
+
+async def test_only_results_of_the_bulk_lane_are_written_the_rest_dead_lettered() -> None:
+    """A result whose request came on the interactive lane (kembed.lane: interactive), or
+    that no worker stamped (no kembed.lane: written to the topic by anyone else), is not
+    written whatever keys and vectors it holds: dead-lettered with not_bulk_lane, naming
+    what it carried, and counted; bulk results around it are written."""
+    log = Log()
+    store = FakeStore(log)
+    sink, publisher, metrics = make_sink(store, log)
+    interactive = ((CORRELATION_ID, b"r2"), (LANE, b"interactive"))
+    await sink._batch(
+        [
+            record(0, vectors_result("r1", ("a",), 0.5)),
+            record(1, vectors_result("r2", ("chosen",), 0.5), headers=interactive),
+            record(2, vectors_result("r3", ("forged",), 0.5), headers=()),
+            record(3, vectors_result("r4", ("b",), 0.5)),
+        ]
+    )
+    assert log.calls == [
+        ("create", (3, "cosine")),
+        ("upsert", ["a", "b"]),
+        ("dead_letter", "not_bulk_lane"),
+        ("dead_letter", "not_bulk_lane"),
+        ("commit", {(TOPIC, 0): 4}),
+    ]
+    assert set(store.rows) == {"a", "b"}
+    messages = [headers[DLQ_ERROR_MESSAGE].decode() for _, _, headers in publisher.sent]
+    assert "kembed.lane: interactive" in messages[0]
+    assert "no kembed.lane" in messages[1]
+    assert metrics.dlq_messages.labels("not_bulk_lane")._value.get() == 2
 
 
 async def test_refused_rows_are_found_result_by_result_and_dead_lettered() -> None:

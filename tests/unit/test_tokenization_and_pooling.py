@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.unit.tokenizer_cost import peak_growth_mib
 from worker.encoder.models import resolve_model_dir
 from worker.encoder.pooling import POOLING_MODES, pool, read_pooling_mode
 from worker.tokenization import TextTokenizer
@@ -65,6 +66,38 @@ def test_left_truncation_keeps_the_end_and_the_special_tokens(bundled_dir: Path)
     assert len(kept_end.ids) == 16
     assert kept_end.ids[-4:-1] == tail.ids[1:-1]  # "one two three" survives on the left cut
     assert kept_start.ids[1:4] != tail.ids[1:-1]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_huge_text_gives_the_ids_of_the_whole_text(bundled_dir: Path, side: str) -> None:
+    """Texts far over what the model can use (cut before tokenizing) come out as the whole
+    text truncated: the same ids at either end, flagged truncated; so do texts of long words,
+    which the cut leaves too few tokens, and texts with no whitespace to cut at."""
+    from tokenizers import Tokenizer
+
+    whole = Tokenizer.from_file(str(bundled_dir / "tokenizer.json"))
+    whole.enable_truncation(max_length=32, direction=side)
+    whole.no_padding()
+    tokenizer = TextTokenizer.from_model_dir(bundled_dir, max_length=32, direction=side)
+    texts = [
+        "the first words, then many more. " * 400 + "and the last words",
+        ("x" * 99 + " ") * 300 + "end of it",  # a token per 100 characters
+        "a,b." * 2000,  # no whitespace
+        "\u6771\u4eac\u90fd" * 3000,  # no whitespace either, a token per character
+        "\u6771\u4eac\u90fd " * 3000,
+        "word " * 100,  # under the cut: as it is
+    ]
+    for text, piece in zip(texts, tokenizer.encode(texts), strict=True):
+        expected = whole.encode(text)
+        assert piece.ids == expected.ids
+        assert piece.truncated == bool(expected.overflowing)
+        assert piece.truncated
+
+
+def test_a_huge_text_costs_what_the_window_can_use() -> None:
+    """Eight texts of a million characters each, for a 256-token model: the tokenizer's
+    peak memory stays a few MiB (tokenizing them whole took hundreds)."""
+    assert peak_growth_mib("texts", chars=1_000_000, n=8) < 32
 
 
 def test_an_unknown_truncation_direction_is_refused(bundled_dir: Path) -> None:

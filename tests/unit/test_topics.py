@@ -50,8 +50,12 @@ def test_the_default_settings_plan_the_five_fleet_topics_with_their_configs(
     ]
     for name in ("embed.requests", "embed.requests.bulk", "embed.requests.dlq"):
         # twice max_request_bytes: an oversized request still reaches a worker
-        assert specs[name].config == {"max.message.bytes": str(8 * MiB)}
+        assert specs[name].config["max.message.bytes"] == str(8 * MiB)
         assert specs[name].needed_message_bytes == 4 * MiB + RECORD_OVERHEAD
+    for name in ("embed.requests", "embed.requests.bulk"):
+        # the broker stamps requests: their timestamps become the sink rows' versions
+        assert specs[name].config["message.timestamp.type"] == "LogAppendTime"
+    assert "message.timestamp.type" not in specs["embed.requests.dlq"].config
     assert int(specs["embed.results"].config["max.message.bytes"]) > 1_000_000 + RECORD_OVERHEAD
     assert specs["embed.results"].needed_message_bytes == 1_000_000 + RECORD_OVERHEAD
     assert specs["embed.models"].config == CATALOG_TOPIC_CONFIG
@@ -117,8 +121,8 @@ def test_check_reports_one_line_per_problem_and_nothing_for_topics_as_planned() 
     found: dict[str, FoundTopic | str] = {spec.name: good(spec) for spec in specs}
     assert compare(specs, found) == []
     del found["embed.results.docs.dlq"]
-    found["embed.requests"] = FoundTopic(2, {"max.message.bytes": str(8 * MiB)})
-    found["embed.requests.bulk"] = FoundTopic(4, {"max.message.bytes": str(MiB)})
+    found["embed.requests"] = good(specs[0]).__class__(2, dict(specs[0].config))
+    found["embed.requests.bulk"] = FoundTopic(4, {**specs[1].config, "max.message.bytes": str(MiB)})
     found["embed.models"] = FoundTopic(1, {"cleanup.policy": "delete"})
     found["embed.results"] = "TopicAuthorizationFailedError"
     problems = compare(specs, found)
@@ -133,6 +137,62 @@ def test_check_reports_one_line_per_problem_and_nothing_for_topics_as_planned() 
     ]
     # partitions are compared only when asked for (check without --partitions)
     assert len(compare(specs, found, check_partitions=False)) == len(problems) - 1
+
+
+def test_request_topics_must_be_stamped_by_the_broker_and_check_says_why() -> None:
+    """A request's record timestamp is the version of the rows a sink writes from its
+    result: with CreateTime (Kafka's default) the producer chooses it, so check flags every
+    request topic that is not LogAppendTime, the broker's default included."""
+    specs = [s for s in plan(TopicNeeds()) if s.role in ("requests", "bulk requests")]
+    assert [s.name for s in specs] == ["embed.requests", "embed.requests.bulk"]
+    stamped: dict[str, FoundTopic | str] = {
+        spec.name: FoundTopic(12, dict(spec.config)) for spec in specs
+    }
+    assert compare(specs, stamped) == []
+    producers = "message.timestamp.type=CreateTime, not LogAppendTime"
+    first = specs[0]
+    created = FoundTopic(12, {**first.config, "message.timestamp.type": "CreateTime"})
+    [line] = compare(specs, {**stamped, first.name: created})
+    assert line.startswith(f"requests topic 'embed.requests' has {producers}: its producers")
+    bare: dict[str, FoundTopic | str] = {
+        spec.name: FoundTopic(12, {"max.message.bytes": str(8 * MiB)}) for spec in specs
+    }
+    problems = compare(specs, bare)  # the broker's default is CreateTime
+    assert len(problems) == 2
+    assert all(producers in line for line in problems)
+
+
+def test_a_sinks_results_topic_is_planned_kept_seven_days_and_check_flags_shorter() -> None:
+    """The sink's results topic holds the only copy of the vectors until they are written:
+    planned with an explicit retention.ms (7 days, or --results-retention-ms) and unbounded
+    retention.bytes; a shorter or bounded one is a problem; the replies topic is not."""
+    specs = by_name(plan(TopicNeeds(sink_results=["embed.ingest.docs"])))
+    for name in ("embed.ingest.docs", "embed.ingest.docs.dlq"):
+        assert specs[name].config["retention.ms"] == str(7 * 24 * 3600 * 1000)
+        assert specs[name].config["retention.bytes"] == "-1"
+    assert "retention.ms" not in specs["embed.results"].config
+    docs = specs["embed.ingest.docs"]
+    assert compare([docs], {docs.name: good(docs)}) == []
+    for kept in ("-1", str(30 * 24 * 3600 * 1000)):  # unlimited, or longer: enough
+        assert (
+            compare([docs], {docs.name: FoundTopic(12, {**docs.config, "retention.ms": kept})})
+            == []
+        )
+    short = {**docs.config, "retention.ms": "3600000", "retention.bytes": "1073741824"}
+    assert compare([docs], {docs.name: FoundTopic(12, short)}) == [
+        "sink results topic 'embed.ingest.docs' has retention.ms=3600000, below the "
+        "604800000 planned: results a sink has not written by then are deleted",
+        "sink results topic 'embed.ingest.docs' has retention.bytes=1073741824: results a "
+        "sink has not written are deleted once a partition holds that much (plan: -1)",
+    ]
+    longer = plan(TopicNeeds(sink_results=["t"], sink_retention_ms=30 * 24 * 3600 * 1000))
+    assert by_name(longer)["t"].config["retention.ms"] == str(30 * 24 * 3600 * 1000)
+    args = build_parser("topics").parse_args(
+        ["topics", "check", "--results", "t", "--results-retention-ms", "86400000"]
+    )
+    settings = settings_from(WorkerSettings, args, "topics check")
+    assert settings is not None
+    assert needs_of(settings, args.results, args.results_retention_ms).sink_retention_ms == 86400000
 
 
 def test_a_topic_without_its_own_max_message_bytes_takes_the_brokers_default() -> None:
