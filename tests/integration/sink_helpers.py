@@ -17,7 +17,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from producer_sdk import EmbedClient
+from schemas.headers import LANE, LANE_BULK
 from scripts.worker_process import WorkerProcess, variables
+
+BULK_LANE = [(LANE, LANE_BULK.encode())]
+"""The header workers stamp on results of bulk requests: the only results a sink writes."""
 
 
 class SinkProcess(WorkerProcess):

@@ -21,7 +21,7 @@ from psycopg import sql
 from schemas import EmbedResult, encode_result
 from scripts.kafka_local import LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
-from tests.integration.sink_helpers import SinkProcess, wait_drained
+from tests.integration.sink_helpers import BULK_LANE, SinkProcess, wait_drained
 from tests.integration.test_sink_chunks_postgres import old_table
 
 pytestmark = pytest.mark.integration
@@ -95,7 +95,11 @@ async def _produce(bootstrap: str, topic: str, sends: list[tuple[int, EmbedResul
     try:
         futures = [
             await producer.send(
-                topic, encode_result(result), key=result.id.encode(), partition=partition
+                topic,
+                encode_result(result),
+                key=result.id.encode(),
+                partition=partition,
+                headers=BULK_LANE,
             )
             for partition, result in sends
         ]

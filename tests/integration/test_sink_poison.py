@@ -24,7 +24,7 @@ from scripts.pg_local import LocalPostgres
 from sink.postgres import PostgresStore
 from sink.targets import parse_target
 from tests.integration.kafka_io import read_all
-from tests.integration.sink_helpers import SinkProcess, milvus_rows, wait_drained
+from tests.integration.sink_helpers import BULK_LANE, SinkProcess, milvus_rows, wait_drained
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ async def _produce(bootstrap: str, topic: str, results: list[EmbedResult]) -> No
     try:
         for result in results:  # one partition: the bad ones sit between good ones
             await producer.send_and_wait(
-                topic, encode_result(result), key=result.id.encode(), partition=0
+                topic, encode_result(result), key=result.id.encode(), partition=0, headers=BULK_LANE
             )
     finally:
         await producer.stop()
