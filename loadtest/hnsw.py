@@ -129,15 +129,28 @@ def _connect(pg: LocalPostgres) -> psycopg.Connection[Any]:
 
 
 def _table(pg: LocalPostgres, name: str, config: Config, dim: int) -> None:
-    ops = f"{config.column}_ip_ops"
+    """A fresh table for ``config``: for kembed's path, made by the sink's store as
+    ``kembed sink`` makes it (its columns, documents table and HNSW index); for the raw
+    bound, the same columns and index by hand, in ``config.column``'s type."""
     with _connect(pg) as conn:
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+        for table in (name, f"{name}_documents"):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+    if config.path == "kembed":
+        store = _store(pg, name, config)
+        store.open()
+        try:
+            store.create(dim, "inner_product")
+        finally:
+            store.close()
+        return
+    with _connect(pg) as conn:
         conn.execute(
             sql.SQL(
                 "CREATE TABLE {t} (id text PRIMARY KEY, vector {col}({dim}) NOT NULL, "
                 "metadata jsonb NOT NULL DEFAULT '{{}}'::jsonb, model text NOT NULL, "
                 "requested_ms bigint NOT NULL DEFAULT 0, "
-                "updated_at timestamptz NOT NULL DEFAULT now())"
+                "updated_at timestamptz NOT NULL DEFAULT now(), "
+                "doc_key text NOT NULL, chunk_index integer)"
             ).format(t=sql.Identifier(name), col=sql.SQL(config.column), dim=sql.Literal(dim))
         )
         conn.execute(
@@ -146,21 +159,25 @@ def _table(pg: LocalPostgres, name: str, config: Config, dim: int) -> None:
                 "WITH (m = {m}, ef_construction = {ef})"
             ).format(
                 t=sql.Identifier(name),
-                ops=sql.SQL(ops),
+                ops=sql.SQL(f"{config.column}_ip_ops"),
                 m=sql.Literal(config.m),
                 ef=sql.Literal(config.ef_construction),
             )
         )
 
 
-def _write_kembed(pg: LocalPostgres, name: str, config: Config, batches: list[list[Row]]) -> None:
-    store = PostgresStore(
+def _store(pg: LocalPostgres, name: str, config: Config) -> PostgresStore:
+    return PostgresStore(
         parse_target(pg.dsn, SecretStr(pg.password)),
         name,
         writers=config.writers,
         hnsw_m=config.m,
         hnsw_ef_construction=config.ef_construction,
     )
+
+
+def _write_kembed(pg: LocalPostgres, name: str, config: Config, batches: list[list[Row]]) -> None:
+    store = _store(pg, name, config)
     store.open()
     try:
         for batch in batches:
@@ -173,19 +190,20 @@ def _write_raw(pg: LocalPostgres, name: str, config: Config, batches: list[list[
     """psycopg alone: each batch split between ``writers`` connections, each a binary COPY
     of its part straight into the table, in parallel (threads: psycopg releases the GIL)."""
     conns = [_connect(pg) for _ in range(config.writers)]
-    columns = "(id, vector, metadata, model, requested_ms)"
+    columns = "(id, vector, metadata, model, requested_ms, doc_key, chunk_index)"
     if config.column == "halfvec":  # the COPY data carries vectors; the server casts
         for conn in conns:
             conn.execute(
                 "CREATE TEMPORARY TABLE raw_staging (id text, vector vector, metadata jsonb, "
-                "model text, requested_ms bigint) ON COMMIT DELETE ROWS"
+                "model text, requested_ms bigint, doc_key text, chunk_index integer) "
+                "ON COMMIT DELETE ROWS"
             )
         copy = sql.SQL("COPY {t} " + columns + " FROM STDIN WITH (FORMAT BINARY)").format(
             t=sql.Identifier("raw_staging")
         )
         move: sql.Composed | None = sql.SQL(
             "INSERT INTO {t} " + columns + " SELECT id, vector::halfvec, metadata, model, "
-            "requested_ms FROM raw_staging"
+            "requested_ms, doc_key, chunk_index FROM raw_staging"
         ).format(t=sql.Identifier(name))
     else:
         copy = sql.SQL("COPY {t} " + columns + " FROM STDIN WITH (FORMAT BINARY)").format(
@@ -196,7 +214,7 @@ def _write_raw(pg: LocalPostgres, name: str, config: Config, batches: list[list[
     def write(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> None:
         with conn.transaction(), conn.cursor() as cursor:
             with cursor.copy(copy) as pipe:
-                pipe.write(copy_data(rows))
+                pipe.write(copy_data(rows, identity=True))
             if move is not None:
                 cursor.execute(move)
 
