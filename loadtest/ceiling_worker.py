@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from worker.encoder import ModelInfo, Prepared
-from worker.pipeline import ServedModel
+from worker.served import ServedModel
 from worker.settings import ModelSpec, WorkerSettings
 from worker.tokenization import TextTokenizer
 

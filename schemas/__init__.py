@@ -3,6 +3,7 @@
 from schemas.codec import decode_request, decode_result, encode_request, encode_result
 from schemas.encodings import Encoding
 from schemas.errors import Envelope, ErrorCode, SchemaError
+from schemas.kinds import Kind
 from schemas.v1 import (
     CHUNK_POOLINGS,
     DEFAULT_MAX_INPUT_CHARS,
@@ -34,6 +35,7 @@ __all__ = [
     "ErrorCode",
     "ErrorInfo",
     "ErrorResult",
+    "Kind",
     "RerankRequest",
     "RerankResult",
     "Request",

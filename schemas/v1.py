@@ -13,6 +13,7 @@ from typing import Any
 
 from schemas.encodings import Encoding
 from schemas.errors import ErrorCode
+from schemas.kinds import Kind
 
 __all__ = [
     "CHUNK_POOLINGS",
@@ -44,7 +45,7 @@ MAX_TOPIC_LENGTH = 249
 TRUNCATION_DIRECTIONS = ("right", "left")
 DEFAULT_RESULTS_TOPIC = "embed.results"
 CHUNK_POOLINGS = ("none", "mean")
-REQUEST_KINDS = ("embed", "rerank")
+REQUEST_KINDS: tuple[str, ...] = tuple(kind.value for kind in Kind)
 """A request's ``kind`` (and a model's, in its catalog card): what is asked of the model."""
 DEFAULT_MAX_INPUT_CHARS = 100_000
 """Characters (code points) a text may have: an input of an embed request without

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -31,21 +30,20 @@ from kembed_shared.observability.service import (
     stop_on_signals,
 )
 from kembed_shared.ports import KafkaAccessError
+from schemas import Kind
 from worker.cache import VectorCache
 from worker.encoder import Encoder, ModelInfo
 from worker.metrics import Metrics
-from worker.pipeline import Pipeline, ServedModel
+from worker.pipeline import Pipeline
 from worker.quality import GateThresholds, QualityReport, gate_pairs_path, load_pairs, validate
-from worker.rerank import EMBED, RERANK, detect_kind
+from worker.served import ModelLoader, ServedModel, load_served_model
 from worker.settings import ModelSpec, WorkerSettings
-from worker.tokenization import TextTokenizer
 from worker.tuning import Tuner, start_tuning
 
 __all__ = [
     "ModelLoadError",
     "ModelLoader",
     "QualityGateFailedError",
-    "load_model",
     "load_served_model",
     "run_worker",
 ]
@@ -59,98 +57,6 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 
 # Kafka's record overhead on top of the value, for the producer's request-size limit.
 _RECORD_OVERHEAD = 64 * 1024
-
-
-def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozenset[str]]:
-    """Load the encoder and tokenizer of a single-model ``settings``, and the names requests
-    may use for the model."""
-    from worker.encoder.autotune import initial_candidate
-    from worker.encoder.models import aliases_for, resolve_model_dir
-    from worker.encoder.torch_backend import TorchEncoder, resolve_compile, resolve_device
-
-    model_dir = resolve_model_dir(settings.model)
-    probe = TextTokenizer.from_model_dir(model_dir, 512)
-    device = resolve_device(settings.device)
-    kind = model_kind(settings, model_dir)
-    if kind == RERANK:
-        # Nothing tunes a reranker (worker.tuning): it serves as configured, auto = fp32
-        # (exact), compiled only when asked for.
-        dtype = initial_candidate(settings.dtype, device.type).dtype
-        compile = settings.torch_compile == "on" and settings.quantization == "none"
-    elif settings.quantization == "none":
-        # The safe variant; tune_model measures the others (and compiles) later.
-        dtype, compile = initial_candidate(settings.dtype, device.type).dtype, False
-    else:  # quantized: nothing to tune (bitsandbytes' kernels do not compile)
-        dtype, compile = settings.dtype, resolve_compile(settings.torch_compile, device)
-    options: dict[str, Any] = {
-        "device": settings.device,
-        "dtype": dtype,
-        "max_seq_length": settings.max_seq_length,
-        "pad_id": probe.pad_id,
-        "threads": settings.torch_threads,
-        "compile": compile,
-        "quantization": settings.quantization,
-    }
-    encoder: TorchEncoder
-    if kind == RERANK:
-        from worker.encoder.cross_encoder import TorchCrossEncoder
-
-        encoder = TorchCrossEncoder(model_dir, settings.served_name(), **options)
-    else:
-        encoder = TorchEncoder(
-            model_dir, settings.served_name(), pooling=settings.pooling, **options
-        )
-    tokenizer = TextTokenizer.from_model_dir(
-        model_dir, encoder.info.max_seq_length, settings.truncation_direction
-    )
-    names = frozenset({settings.served_name(), settings.model, *aliases_for(settings.model)})
-    return encoder, tokenizer, names
-
-
-def model_kind(settings: WorkerSettings, model_dir: Path) -> str:
-    """The kind of model a single-model ``settings`` serves from ``model_dir``: its
-    ``model_kind``, or (``auto``) what the model's config says (worker.rerank)."""
-    detected = detect_kind(model_dir)
-    if settings.model_kind == "auto":
-        return detected
-    if settings.model_kind == RERANK and detected != RERANK:
-        raise ValueError(
-            f"{model_dir} is configured as a reranker (kind rerank) but is no sequence "
-            "classifier: its config.json names no ...ForSequenceClassification architecture"
-        )
-    return settings.model_kind
-
-
-def load_served_model(settings: WorkerSettings, spec: ModelSpec) -> ServedModel:
-    """Load one of the worker's models, with its names, prompts and request topics."""
-    from worker.encoder.models import read_prompts
-
-    encoder, tokenizer, names = load_model(settings.for_model(spec))
-    own_prompts, own_default = read_prompts(encoder.info.path)
-    prompts = own_prompts if spec.prompts is None else spec.prompts
-    default = spec.default_prompt_name or (own_default if spec.prompts is None else None)
-    if default is not None and default not in prompts:
-        raise ValueError(f"default_prompt_name {default!r} is not one of the model's prompts")
-    name = spec.served_name()
-    requests_topic, bulk_topic = settings.topics_of(spec)
-    activation = getattr(encoder, "activation", None)
-    return ServedModel(
-        name=name,
-        encoder=encoder,
-        tokenizer=tokenizer,
-        aliases=(names | set(spec.aliases)) - {name},
-        prompts=prompts,
-        default_prompt_name=default,
-        requests_topic=requests_topic,
-        bulk_topic=bulk_topic,
-        kind=RERANK if activation is not None else EMBED,
-        activation=activation or "sigmoid",
-    )
-
-
-ModelLoader: TypeAlias = Callable[[WorkerSettings, ModelSpec], ServedModel]
-"""How the worker gets each of its models: :func:`load_served_model`, or, in a benchmark
-that measures the worker without its model (``loadtest.ceiling_worker``), a stand-in."""
 
 
 def warm_up(encoder: Encoder, settings: WorkerSettings) -> None:
@@ -304,7 +210,7 @@ async def _load_and_run(
     if settings.quality_gate:
         probes.phase = "validating"
         for spec, model in zip(settings.model_specs(), models, strict=True):
-            if model.kind != EMBED:  # STS-B cosines say nothing of a reranker's scores
+            if model.kind != Kind.EMBED:  # STS-B cosines say nothing of a reranker's scores
                 log.info("quality_gate.skipped", model=model.name, kind=model.kind)
                 continue
             # The variant served now; the tuner gates a variant before installing it.
@@ -344,7 +250,7 @@ def open_cache(
     once per load) and its persisted entries read back (blocking)."""
     cache = VectorCache(settings.cache_bytes, metrics)
     # A reranker's scores are not cached (a score belongs to a pair): nothing to key.
-    served = [(m.name, m.encoder.info.path) for m in models if m.kind == EMBED]
+    served = [(m.name, m.encoder.info.path) for m in models if m.kind == Kind.EMBED]
     cache.prepare(directory for _, directory in served)
     if settings.cache_path and cache.enabled:
         cache.open(Path(settings.cache_path), served)

@@ -18,7 +18,7 @@ import bisect
 import heapq
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -170,6 +170,8 @@ class LaneScheduler(Generic[J]):
         busy_bulk_tokens: int | None = None,
         interactive_recent_s: float = 1.0,
         models: Sequence[str] = ("",),
+        max_seq_lengths: Mapping[str, int] | None = None,
+        budget_restore_s: float = 60.0,
     ) -> None:
         if bulk_every < 1:
             raise ValueError("bulk_every must be >= 1")
@@ -181,6 +183,14 @@ class LaneScheduler(Generic[J]):
             for model in self.models
             for lane in (INTERACTIVE, BULK)
         }
+        self.budgets = {
+            key: TokenBudget(
+                max_batch_tokens, (max_seq_lengths or {}).get(key[0], 1), budget_restore_s
+            )
+            for key in self._batchers
+        }
+        """Per (model, lane), the effective ``max_batch_tokens`` (:class:`TokenBudget`):
+        lowered by :meth:`out_of_memory`, raised again by :meth:`succeeded`."""
         self.bulk_every = bulk_every
         self.busy_bulk_tokens = busy_bulk_tokens
         self.interactive_recent_s = interactive_recent_s
@@ -191,6 +201,25 @@ class LaneScheduler(Generic[J]):
 
     def lane(self, lane: str, model: str = "") -> Batcher[J]:
         return self._batchers[model, lane]
+
+    def out_of_memory(
+        self, lane: str, model: str, padded_tokens: int, now: float
+    ) -> TokenBudget | None:
+        """A batch of ``padded_tokens`` of ``model``'s ``lane`` ran out of memory: lower
+        that batcher's budget (the budget, when it changed)."""
+        budget = self.budgets[model, lane]
+        return self._apply(lane, model) if budget.out_of_memory(padded_tokens, now) else None
+
+    def succeeded(self, lane: str, model: str, now: float) -> TokenBudget | None:
+        """A batch of ``model``'s ``lane`` ran: raise a lowered budget one step when its
+        quiet while is over (the budget, when it changed)."""
+        budget = self.budgets[model, lane]
+        return self._apply(lane, model) if budget.succeeded(now) else None
+
+    def _apply(self, lane: str, model: str) -> TokenBudget:
+        budget = self.budgets[model, lane]
+        self._batchers[model, lane].max_batch_tokens = budget.tokens
+        return budget
 
     def add(self, lane: str, item: Item[J], model: str = "") -> None:
         self._batchers[model, lane].add(item)

@@ -25,6 +25,7 @@ from schemas import (
     EmbedRequest,
     ErrorCode,
     ErrorInfo,
+    Kind,
     Request,
     RerankRequest,
     SchemaError,
@@ -32,7 +33,7 @@ from schemas import (
 )
 from schemas.errors import Envelope
 from schemas.headers import envelope_from_headers, fill_from_headers
-from worker.rerank import EMBED, input_count, request_keys, request_kind, wrong_kind
+from worker.kinds.requests import input_count, request_keys, request_kind, wrong_kind
 
 __all__ = ["Accepted", "DeadLetter", "Limits", "ModelLimits", "Rejected", "decode_record"]
 
@@ -47,7 +48,7 @@ class ModelLimits:
     prompt_names: Collection[str] = ()
     max_seq_length: int | None = None
     """Its longest input in tokens (the limit of ``chunking.max_tokens``); None: unchecked."""
-    kind: str = EMBED
+    kind: Kind = Kind.EMBED
     """``embed`` (an embedding model) or ``rerank`` (a cross-encoder): the requests it
     answers."""
 

@@ -12,10 +12,11 @@ from typing import Any
 
 import structlog
 
+from schemas import Kind
 from worker.encoder import Encoder
 from worker.metrics import Metrics
-from worker.pipeline import ServedModel
 from worker.quality import GateThresholds, gate_pairs_path, load_pairs
+from worker.served import ServedModel
 from worker.settings import WorkerSettings
 from worker.tokenization import TextTokenizer
 
@@ -127,7 +128,7 @@ def start_tuning(
     todo = []
     for model, spec in zip(models, settings.model_specs(), strict=True):
         model_settings = settings.for_model(spec)
-        if model.kind != "embed":
+        if model.kind != Kind.EMBED:
             # The tuner compares candidates' vectors by cosine to the served variant's; a
             # reranker's one logit per pair has no such check, so it serves as configured.
             log.info("tuning.skipped", model=model.name, kind=model.kind)

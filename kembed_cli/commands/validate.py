@@ -83,13 +83,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _is_reranker(settings: Any) -> bool:
-    """Whether a single-model ``settings`` serves a cross-encoder (worker.rerank)."""
-    from worker.encoder.models import resolve_model_dir
-    from worker.rerank import RERANK, detect_kind
+    """Whether a single-model ``settings`` serves a cross-encoder (its kind, or what its
+    config says: worker.encoder.models.detect_kind)."""
+    from schemas import Kind
+    from worker.encoder.models import detect_kind, resolve_model_dir
 
     if settings.model_kind != "auto":
-        return bool(settings.model_kind == RERANK)
-    return detect_kind(resolve_model_dir(settings.model)) == RERANK
+        return bool(settings.model_kind == Kind.RERANK)
+    return detect_kind(resolve_model_dir(settings.model)) == Kind.RERANK
 
 
 def tuning_table(name: str, tuning: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-import worker.pipeline
+import worker.pipeline.lifecycle
 from kembed_shared.ports import Record, TopicPartition
 from schemas import (
     EmbedRequest,
@@ -424,7 +424,7 @@ async def test_a_lowered_budget_is_restored_after_a_quiet_while(
 ) -> None:
     """Once batches stop running out of memory, the budget doubles back, one step per
     quiet while, to max_batch_tokens (log events batch.budget_restored)."""
-    monkeypatch.setattr(worker.pipeline, "_BUDGET_RESTORE_S", 0.05)
+    monkeypatch.setattr(worker.pipeline.lifecycle, "_BUDGET_RESTORE_S", 0.05)
     rng = random.Random(9)
     memory = {"limit": 600}
 

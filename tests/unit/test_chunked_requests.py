@@ -65,7 +65,7 @@ async def test_chunked_plain_and_failing_requests_in_one_poll() -> None:
     async with Harness(encoder, max_client_batch_size=40, max_batch_size=256) as h:
         h.send([(request, (TOPIC, n % 3)) for n, request in enumerate(requests)])
         results = await h.answers()
-        inflight = dict(h.pipeline._inflight)
+        inflight = dict(h.pipeline._inflight.inputs)
     assert inflight == {"interactive": 0, "bulk": 0}
     assert h.committed() == h.offsets
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loadtest.rerank import build_minilm_reranker, markdown, workload
-from worker.rerank import detect_kind, read_activation
+from worker.encoder.models import detect_kind, read_activation
 
 
 def test_the_minilm_sized_reranker_is_a_one_label_cross_encoder(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from schemas import EmbedRequest
 from schemas.catalog import ModelDescription
 from worker.encoder import ModelInfo
 from worker.encoder.models import read_prompts, resolve_model_dir
-from worker.pipeline import ServedModel
+from worker.served import ServedModel
 from worker.settings import ModelSpec, WorkerSettings
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"

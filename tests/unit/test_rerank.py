@@ -17,6 +17,7 @@ from schemas import (
     EmbedRequest,
     ErrorCode,
     ErrorResult,
+    Kind,
     RerankRequest,
     RerankResult,
     decode_result,
@@ -26,13 +27,11 @@ from tests.cross_encoder import build_cross_encoder
 from tests.unit.tokenizer_cost import peak_growth_mib
 from worker.decode import Accepted, Limits, ModelLimits, Rejected, decode_record
 from worker.encoder import Prepared
-from worker.rerank import (
+from worker.encoder.models import detect_kind, parse_activation, read_activation
+from worker.kinds.rerank import (
     activate,
-    detect_kind,
     encode_scores,
     order_by_score,
-    parse_activation,
-    read_activation,
 )
 from worker.tokenization import TextTokenizer
 
@@ -175,7 +174,7 @@ def test_a_result_over_the_limit_is_result_too_large() -> None:
 # ---------------------------------------------------------------------- decoding
 
 _EMBED = ModelLimits("minilm", 384)
-_RERANK = ModelLimits("ce", 1, kind="rerank")
+_RERANK = ModelLimits("ce", 1, kind=Kind.RERANK)
 LIMITS = Limits(
     max_request_bytes=1 << 20, max_client_batch_size=4, models={"minilm": _EMBED, "ce": _RERANK}
 )

@@ -20,6 +20,7 @@ from schemas import (
     EmbedResult,
     ErrorCode,
     ErrorResult,
+    Kind,
     Request,
     RerankRequest,
     RerankResult,
@@ -87,7 +88,7 @@ async def _run(
     publisher = FakePublisher()
     tokenizer = word_tokenizer()
     models = [
-        ServedModel("ce", FakeCrossEncoder(), tokenizer, requests_topic=TOPIC, kind="rerank"),
+        ServedModel("ce", FakeCrossEncoder(), tokenizer, requests_topic=TOPIC, kind=Kind.RERANK),
         ServedModel("fake", FakeEncoder(fails_on_poison), tokenizer, requests_topic=TOPIC),
     ]
     metrics = Metrics()

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from worker.encoder.models import read_activation
 from worker.encoder.torch_backend import TorchEncoder
-from worker.rerank import read_activation
 
 __all__ = ["TorchCrossEncoder"]
 

@@ -1,4 +1,5 @@
-"""Finding a model's files: a local directory, the bundled default, or the local HF cache.
+"""Finding a model's files (a local directory, the bundled default, or the local HF cache),
+and reading what they say of the model: its kind, a reranker's activation, its prompts.
 
 Nothing is ever downloaded: workers run where model hubs may be unreachable, and a worker
 that silently downloads gigabytes at start-up is a surprise nobody wants in production.
@@ -8,11 +9,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+from schemas import Kind
 
 __all__ = [
+    "ACTIVATION_NAMES",
     "BUNDLED_MODEL_ALIASES",
     "ModelNotFoundError",
     "aliases_for",
+    "detect_kind",
+    "parse_activation",
+    "read_activation",
     "read_prompts",
     "resolve_model_dir",
 ]
@@ -71,3 +79,46 @@ def read_prompts(model_dir: Path) -> tuple[dict[str, str], str | None]:
     if default is not None and default not in prompts:
         raise ValueError(f"{path}: default_prompt_name {default!r} is not one of its prompts")
     return dict(prompts), default
+
+
+# The activations sentence-transformers' CrossEncoder configs name (torch.nn modules, by
+# dotted path), by the name kembed gives them (worker.kinds.rerank applies them).
+ACTIVATION_NAMES = {"Sigmoid": "sigmoid", "Identity": "identity", "Tanh": "tanh"}
+_TORCH_MODULES = ("torch.nn", "torch.nn.modules.activation", "torch.nn.modules.linear")
+
+
+def detect_kind(model_dir: Path) -> Kind:
+    """``rerank`` for a sequence classifier (``config.json`` ``architectures`` ending in
+    ``ForSequenceClassification``: a cross-encoder), else ``embed``. Reads the config only
+    (no torch)."""
+    path = model_dir / "config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    architectures = config.get("architectures") or []
+    if any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures):
+        return Kind.RERANK
+    return Kind.EMBED
+
+
+def read_activation(model_dir: Path) -> str:
+    """The activation a reranker's scores go through, as sentence-transformers reads it:
+    ``config.json`` ``sentence_transformers.activation_fn`` (or the older
+    ``sbert_ce_default_activation_function``), a dotted torch.nn path; none: sigmoid (the
+    default for one label). Raises ValueError naming a path it does not support."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return parse_activation(config)
+
+
+def parse_activation(config: dict[str, Any]) -> str:
+    """See :func:`read_activation` (``config``: the parsed ``config.json``)."""
+    section = config.get("sentence_transformers")
+    path = section.get("activation_fn") if isinstance(section, dict) else None
+    if path is None:
+        path = config.get("sbert_ce_default_activation_function")
+    if path is None:
+        return "sigmoid"
+    if isinstance(path, str):
+        module, _, name = path.rpartition(".")
+        if module in _TORCH_MODULES and name in ACTIVATION_NAMES:
+            return ACTIVATION_NAMES[name]
+    supported = ", ".join(f"torch.nn.{name}" for name in ACTIVATION_NAMES)
+    raise ValueError(f"unsupported reranker activation {path!r}; supported: {supported}")

@@ -1,0 +1,27 @@
+"""Model kinds as a seam: what the data path does differently for each kind of model.
+
+The pipeline (``worker.pipeline``) moves inputs, batches and results without knowing what
+they are; a :class:`ModelKind` says how a kind's requests become tokenized inputs, how its
+batches are prepared for the encoder and how a finished request becomes its result. One
+module per kind (:mod:`worker.kinds.embed`, :mod:`worker.kinds.rerank`), found by
+:func:`kind_of`. A new kind is a schemas message pair, a module here, an encoder class, one
+SDK method and one gateway route (docs/design.md, "Adding a model kind").
+"""
+
+from __future__ import annotations
+
+from schemas import Kind
+from worker.kinds.base import ModelKind, Offload, Pieces
+from worker.kinds.embed import EMBED
+from worker.kinds.rerank import RERANK
+from worker.served import ServedModel
+
+__all__ = ["KINDS", "ModelKind", "Offload", "Pieces", "kind_of"]
+
+KINDS: dict[Kind, ModelKind] = {EMBED.kind: EMBED, RERANK.kind: RERANK}
+"""Every kind the worker serves, by its name."""
+
+
+def kind_of(model: ServedModel) -> ModelKind:
+    """The module of ``model``'s kind."""
+    return KINDS[model.kind]

@@ -1,0 +1,31 @@
+"""What the worker asks of any request, whatever its kind: how many inputs it puts in flight,
+its keys, its kind, and the error for a request sent to a model of another kind. Imports the
+wire format only, so decoding can use it without the kinds' machinery."""
+
+from __future__ import annotations
+
+from schemas import EmbedRequest, ErrorCode, ErrorInfo, Kind, Request, RerankRequest
+
+__all__ = ["input_count", "request_keys", "request_kind", "wrong_kind"]
+
+
+def request_kind(request: Request) -> Kind:
+    return Kind.RERANK if isinstance(request, RerankRequest) else Kind.EMBED
+
+
+def input_count(request: Request) -> int:
+    """The inputs a request puts in flight: its texts, or its documents (pairs)."""
+    return len(request.documents if isinstance(request, RerankRequest) else request.inputs)
+
+
+def request_keys(request: Request) -> tuple[str | int, ...] | None:
+    return request.keys if isinstance(request, EmbedRequest) else None
+
+
+def wrong_kind(model: str, kind: str) -> ErrorInfo:
+    """The ``invalid_request`` for a request of the other kind than ``model``'s."""
+    if kind == Kind.RERANK:
+        message = f"model {model} is a reranker (kind rerank): send rerank requests"
+    else:
+        message = f"model {model} is an embedding model (kind embed): send embed requests"
+    return ErrorInfo(ErrorCode.INVALID_REQUEST, message)
