@@ -25,6 +25,7 @@ from producer_sdk.catalog import CatalogModel
 from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import EmbedTimeoutError, KembedError
 from producer_sdk.rerank import Reranked
+from schemas import Kind
 
 __all__ = ["EmbedOptions", "Gateway", "GatewayClient", "Outcome", "RerankOptions"]
 
@@ -34,10 +35,13 @@ _RETRY_AFTER_S = "1"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 """JSON can carry lone surrogates (``"\\udc80"``), which no UTF-8 message can."""
 _MAX_NAME_SHOWN = 200
-_KIND_NAMES = {"embed": "an embedding model", "rerank": "a reranker (a cross-encoder)"}
-_KIND_USE = {
-    "embed": "embed with it (POST /v1/embeddings, /embed), or name a reranker",
-    "rerank": "rerank with it (POST /v1/rerank, /rerank), or name an embedding model",
+_KIND_NAMES: dict[str, str] = {
+    Kind.EMBED: "an embedding model",
+    Kind.RERANK: "a reranker (a cross-encoder)",
+}
+_KIND_USE: dict[str, str] = {
+    Kind.EMBED: "embed with it (POST /v1/embeddings, /embed), or name a reranker",
+    Kind.RERANK: "rerank with it (POST /v1/rerank, /rerank), or name an embedding model",
 }
 T = TypeVar("T")
 
@@ -141,7 +145,7 @@ class Gateway:
         def call(wait: float) -> Awaitable[Embeddings]:
             return self.client.embed_result(texts, timeout=wait, **options)
 
-        return await self._bounded(options.get("model"), "embed", call, "input")
+        return await self._bounded(options.get("model"), Kind.EMBED, call, "input")
 
     async def rerank(
         self, query: str, documents: Sequence[str], options: RerankOptions, field: str
@@ -156,7 +160,7 @@ class Gateway:
         def call(wait: float) -> Awaitable[Reranked]:
             return self.client.rerank(query, documents, timeout=wait, **chosen)
 
-        return await self._bounded(model, "rerank", call, field)
+        return await self._bounded(model, Kind.RERANK, call, field)
 
     async def default_reranker(self) -> str:
         """``rerank_model`` when set, else the one live model of kind ``rerank`` in the
@@ -167,7 +171,7 @@ class Gateway:
             models = await self.catalog.models()
         except KembedError as exc:
             raise _failed(from_sdk(exc), exc) from None
-        rerankers = [model.name for model in models if model.kind == "rerank"]
+        rerankers = [model.name for model in models if model.kind == Kind.RERANK]
         if not rerankers:
             raise ApiError(
                 "model_not_found",

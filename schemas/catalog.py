@@ -22,6 +22,7 @@ import msgpack
 
 from schemas.codec import is_valid_topic
 from schemas.errors import ErrorCode, SchemaError
+from schemas.kinds import Kind
 from schemas.v1 import REQUEST_KINDS
 
 __all__ = [
@@ -65,7 +66,7 @@ class ModelDescription:
     default_prompt_name: str | None
     requests_topic: str
     bulk_topic: str | None
-    kind: str = field(default="embed", kw_only=True)
+    kind: str = field(default=Kind.EMBED.value, kw_only=True)
     """What the model computes: ``embed`` (vectors for texts, an embedding model) or
     ``rerank`` (a relevance score per (query, document) pair, a cross-encoder); it answers
     requests of its own kind only."""
@@ -184,7 +185,7 @@ def decode_card(data: bytes) -> ModelCard:
         instance=_required(body, "instance", _non_empty),
         announced_ms=_required(body, "announced_ms", _non_negative),
         interval_ms=_required(body, "interval_ms", _positive),
-        kind=_default(_optional(body, "kind", _kind), "embed"),
+        kind=_default(_optional(body, "kind", _kind), Kind.EMBED.value),
     )
 
 

@@ -22,6 +22,7 @@ import msgpack
 
 from schemas.encodings import Encoding, row_bytes
 from schemas.errors import Envelope, ErrorCode, SchemaError
+from schemas.kinds import Kind
 from schemas.v1 import (
     CHUNK_POOLINGS,
     MAX_ID_BYTES,
@@ -104,7 +105,7 @@ def _encode_rerank_request(request: RerankRequest) -> bytes:
     body: dict[str, Any] = {
         "v": VERSION,
         "id": request.id,
-        "kind": "rerank",
+        "kind": Kind.RERANK.value,
         "query": request.query,
         "documents": list(request.documents),
     }
@@ -127,7 +128,7 @@ def _encode_rerank_request(request: RerankRequest) -> bytes:
 def encode_result(result: Result) -> bytes:
     body: dict[str, Any] = {"v": VERSION, "id": result.id}
     if isinstance(result, RerankResult):
-        body["kind"] = "rerank"
+        body["kind"] = Kind.RERANK.value
         body["model"] = result.model
         body["scores"] = result.scores
         body["order"] = list(result.order)
@@ -228,7 +229,7 @@ def decode_result(data: bytes) -> Result:
             index=_optional(error, "index", _non_negative),
         )
         return ErrorResult(id=result_id, error=info, keys=keys, meta=meta)
-    if body.get("kind") is not None and _field("kind", body["kind"], _kind) == "rerank":
+    if body.get("kind") is not None and _field("kind", body["kind"], _kind) == Kind.RERANK:
         return _rerank_result(body, result_id, meta)
     dim = _required(body, "dim", _positive)
     dtype = _required(body, "dtype", _str)
@@ -357,12 +358,12 @@ def _invalid_utf8(data: bytes) -> SchemaError:
     if not isinstance(body, dict):
         return SchemaError(ErrorCode.INVALID_REQUEST, "message must be a msgpack map")
     index = None
-    texts = body.get("documents" if body.get("kind") == "rerank" else "inputs")
+    texts = body.get("documents" if body.get("kind") == Kind.RERANK else "inputs")
     if isinstance(texts, list):
         index = next((i for i, s in enumerate(texts) if isinstance(s, str) and not _utf8(s)), None)
     where = "a string field"
     if index is not None:
-        where = "a document" if body.get("kind") == "rerank" else "an input"
+        where = "a document" if body.get("kind") == Kind.RERANK else "an input"
     clean = {k: v for k, v in body.items() if isinstance(k, str) and _utf8(k) and _clean(v)}
     return SchemaError(
         ErrorCode.INVALID_REQUEST,
@@ -412,7 +413,7 @@ def _check_version(body: dict[str, Any]) -> None:
 def _request_from_map(body: dict[str, Any]) -> Request:
     _check_version(body)
     request_id = _required(body, "id", _id)
-    if (_optional(body, "kind", _kind) or "embed") == "rerank":
+    if (_optional(body, "kind", _kind) or Kind.EMBED) == Kind.RERANK:
         return _rerank_from_map(body, request_id)
     inputs = _required(body, "inputs", _inputs)
     keys = _optional(body, "keys", _keys)
