@@ -29,7 +29,7 @@ from producer_sdk import (
     RequestTooLargeError,
     ingest,
 )
-from producer_sdk.client import content_key
+from producer_sdk.wire import content_key
 from schemas import Chunking, EmbedRequest, Encoding
 from tests.conftest import embed_request
 
