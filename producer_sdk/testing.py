@@ -129,7 +129,8 @@ class InMemoryTransport:
         topic: str | None = None,
         key: bytes | None = None,
     ) -> None:
-        assert self._config is not None and self._on_reply is not None, "not connected"
+        if self._config is None or self._on_reply is None:
+            raise RuntimeError("the transport is not connected to a client")
         request = decode_request(value)
         topic = topic or self._config.requests_topic
         self.sent.append(Sent(request, value, topic, dict(headers), key))
