@@ -3,12 +3,18 @@ in memory by a hook: vectors, scores, error results, exceptions, no answer."""
 
 from __future__ import annotations
 
+import re
+import textwrap
+from typing import Any
+
 import numpy as np
 import pytest
 
 from producer_sdk import AuthorizationError, EmbedError, EmbedTimeoutError
 from producer_sdk.testing import InMemoryTransport, answer_error, answer_scores, answer_vectors
 from schemas import EmbedRequest, Request, RerankRequest, Result
+from tests.conftest import ROOT
+from tests.support.sdk import ALIAS, catalog_entry
 
 
 def answer(request: Request) -> Result | BaseException | None:
@@ -60,3 +66,33 @@ async def test_an_unreadable_reply_topic_fails_the_waiting_calls() -> None:
         transport.fail_replies(AuthorizationError("User:me", "read", "embed.results"))
         with pytest.raises(AuthorizationError):
             await client.embed(["x"])
+
+
+async def test_the_catalog_is_what_models_reads_and_routes_by() -> None:
+    entry = catalog_entry()
+    transport = InMemoryTransport(answer, catalog=[entry])
+    async with transport.client() as client:
+        assert await client.models() == [entry]
+        await client.embed(["a"], model=ALIAS)
+    assert transport.sent[0].topic == entry.requests_topic
+    async with InMemoryTransport().client() as client:
+        with pytest.raises(ValueError, match="no catalog topic"):
+            await client.models()
+
+
+def readme_example() -> str:
+    """The code block of README.md's section on ``producer_sdk.testing``."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Testing your code: `producer_sdk.testing`", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match is not None
+    return match.group(1)
+
+
+async def test_the_readme_example_runs_as_written() -> None:
+    namespace: dict[str, Any] = {}
+    body = textwrap.indent(readme_example(), "    ")
+    exec(f"async def example():\n{body}    return vectors\n", namespace)
+    vectors = await namespace["example"]()
+    assert vectors.dtype == np.float32
+    assert vectors.tolist() == [[np.float32(0.6), np.float32(0.8)]]
