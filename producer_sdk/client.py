@@ -76,12 +76,12 @@ _USE = {"embed": "call embed(), not rerank()", "rerank": "call rerank(), not emb
 
 
 class EmbedClient:
-    def __init__(
-        self, bootstrap_servers: str, *, transport: TransportFactory = Transport, **options: Any
-    ) -> None:
-        """Options are the fields of :class:`~producer_sdk.config.ClientConfig`.
-        ``transport`` makes what carries requests and results (Kafka; in tests, the
-        in-memory transport of :mod:`producer_sdk.testing`)."""
+    def __init__(self, bootstrap_servers: str, **options: Any) -> None:
+        """Options are the fields of :class:`~producer_sdk.config.ClientConfig`, and
+        ``transport``, a :data:`~producer_sdk.transport.TransportFactory` that makes what
+        carries requests and results (default Kafka; in tests, the in-memory transport of
+        :mod:`producer_sdk.testing`)."""
+        transport: TransportFactory = options.pop("transport", Transport)
         self.config = ClientConfig(bootstrap_servers=bootstrap_servers, **options)
         self._pending = PendingCalls()
         self._transport: ClientTransport = transport(
