@@ -10,9 +10,9 @@ what depends on their number (keys, metadata) are checked by :func:`check_texts`
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 from producer_sdk.errors import InputTooLongError
@@ -61,7 +61,7 @@ class UnchunkedKeywords(EmbedKeywords, total=False):
     chunk_pooling: Literal["none"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class EmbedOptions:
     """How to embed: the fields of an embed request besides its texts (the keywords of
     :meth:`producer_sdk.EmbedClient.embed`, which documents them)."""
@@ -113,24 +113,15 @@ class EmbedOptions:
         ``meta``)."""
         if self.chunking is None:
             check_lengths(texts, max_input_chars)
+        # Each option is the request field of its name.
+        options = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        options["model"] = self.model or default_model
         return EmbedRequest(
-            id=request_id or uuid.uuid4().hex,
-            inputs=tuple(texts),
-            model=self.model or default_model,
-            normalize=self.normalize,
-            truncate=self.truncate,
-            dimensions=self.dimensions,
-            encoding=Encoding(self.encoding),
-            prompt=self.prompt,
-            prompt_name=self.prompt_name,
-            truncation_direction=self.truncation_direction,
-            chunking=self.chunking,
-            chunk_pooling=self.chunk_pooling,
-            **fields,
+            id=request_id or uuid.uuid4().hex, inputs=tuple(texts), **options, **fields
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class SubmitOptions:
     """What :meth:`producer_sdk.EmbedClient.submit` adds to an embed request: where its
     result goes, its id, lane and partition key, and the request-level ``meta``."""
@@ -178,7 +169,7 @@ class SubmitOptions:
         return request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class RerankOptions:
     """How to rerank (the keywords of :meth:`producer_sdk.EmbedClient.rerank`)."""
 
