@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, Unpack, overload
 
-import msgpack
 import numpy as np
 import numpy.typing as npt
-import structlog
 
-from producer_sdk.catalog import CatalogModel, Lane, ModelRouter, read_catalog
+from producer_sdk.catalog import CatalogModel, Lane, ModelRouter
 from producer_sdk.chunked import ChunkedEmbeddings
 from producer_sdk.config import ClientConfig
 from producer_sdk.encodings import Embeddings
@@ -35,19 +31,24 @@ from producer_sdk.errors import (
     ClientClosedError,
     EmbedError,
     EmbedTimeoutError,
-    InputTooLongError,
     KembedError,
-    RequestTooLargeError,
     UnexpectedEncodingError,
     UnexpectedResultError,
 )
+from producer_sdk.options import (
+    EmbedKeywords,
+    EmbedOptions,
+    RerankOptions,
+    SubmitOptions,
+    UnchunkedKeywords,
+    check_texts,
+)
 from producer_sdk.pending import PendingCalls
-from producer_sdk.rerank import Reranked, check_rerank_arguments
-from producer_sdk.transport import Transport
+from producer_sdk.rerank import Reranked
+from producer_sdk.transport import ClientTransport, Transport, TransportFactory
+from producer_sdk.wire import content_key, encoded
 from schemas import (
-    CHUNK_POOLINGS,
     Chunking,
-    EmbedRequest,
     EmbedResult,
     Encoding,
     ErrorResult,
@@ -55,22 +56,10 @@ from schemas import (
     RerankRequest,
     RerankResult,
     Result,
-    SchemaError,
-    decode_result,
-    encode_request,
 )
-from schemas.codec import is_valid_topic
 from schemas.headers import routing_headers
-from schemas.v1 import MAX_ID_BYTES
 
-__all__ = ["EmbedClient", "content_key"]
-
-log = structlog.get_logger("kembed.sdk")
-
-_ENCODING_NAMES = frozenset(encoding.value for encoding in Encoding)
-_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1  # the integers msgpack can carry
-DOCS_META_KEY = "docs"
-"""The request ``meta`` key that carries per-input metadata (see ``submit``)."""
+__all__ = ["EmbedClient"]
 
 R = TypeVar("R", EmbedResult, RerankResult)
 _KIND_OF: dict[type[EmbedResult | RerankResult], str] = {
@@ -88,10 +77,16 @@ _USE = {"embed": "call embed(), not rerank()", "rerank": "call rerank(), not emb
 
 class EmbedClient:
     def __init__(self, bootstrap_servers: str, **options: Any) -> None:
-        """Options are the fields of :class:`~producer_sdk.config.ClientConfig`."""
+        """Options are the fields of :class:`~producer_sdk.config.ClientConfig`, and
+        ``transport``, a :data:`~producer_sdk.transport.TransportFactory` that makes what
+        carries requests and results (default Kafka; in tests, the in-memory transport of
+        :mod:`producer_sdk.testing`)."""
+        transport: TransportFactory = options.pop("transport", Transport)
         self.config = ClientConfig(bootstrap_servers=bootstrap_servers, **options)
         self._pending = PendingCalls()
-        self._transport = Transport(self.config, self._on_reply, self._on_failure)
+        self._transport: ClientTransport = transport(
+            self.config, self._pending.receive, self._pending.fail_all
+        )
         self._router = ModelRouter(
             self.models if self.config.catalog_topic else None,
             refresh_s=self.config.catalog_refresh_s,
@@ -137,7 +132,7 @@ class EmbedClient:
         routing cache with it). Raises CatalogUnavailableError when Kafka does not answer
         within ``timeout`` (default ``catalog_timeout``), ValueError when the client has
         no ``catalog_topic``."""
-        models = await read_catalog(self.config, timeout=timeout)
+        models = await self._transport.read_catalog(timeout)
         self._router.update(models)
         return models
 
@@ -156,17 +151,8 @@ class EmbedClient:
         self,
         texts: Sequence[str],
         *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: None = ...,
-        chunk_pooling: Literal["none"] = ...,
         encoding: Literal["float32"] = ...,
+        **options: Unpack[UnchunkedKeywords],
     ) -> npt.NDArray[np.float32]: ...
 
     @overload
@@ -174,17 +160,8 @@ class EmbedClient:
         self,
         texts: Sequence[str],
         *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: None = ...,
-        chunk_pooling: Literal["none"] = ...,
         encoding: Literal["float16"],
+        **options: Unpack[UnchunkedKeywords],
     ) -> npt.NDArray[np.float16]: ...
 
     @overload
@@ -192,17 +169,8 @@ class EmbedClient:
         self,
         texts: Sequence[str],
         *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: None = ...,
-        chunk_pooling: Literal["none"] = ...,
         encoding: Literal["int8"],
+        **options: Unpack[UnchunkedKeywords],
     ) -> npt.NDArray[np.int8]: ...
 
     @overload
@@ -210,17 +178,8 @@ class EmbedClient:
         self,
         texts: Sequence[str],
         *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: None = ...,
-        chunk_pooling: Literal["none"] = ...,
         encoding: Literal["binary"],
+        **options: Unpack[UnchunkedKeywords],
     ) -> npt.NDArray[np.uint8]: ...
 
     @overload
@@ -228,17 +187,8 @@ class EmbedClient:
         self,
         texts: Sequence[str],
         *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: None = ...,
-        chunk_pooling: Literal["none"] = ...,
         encoding: Encoding | str,
+        **options: Unpack[UnchunkedKeywords],
     ) -> npt.NDArray[Any]: ...
 
     @overload
@@ -246,17 +196,10 @@ class EmbedClient:
         self,
         texts: Sequence[str],
         *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
         chunking: Chunking,
         chunk_pooling: Literal["none"] = ...,
         encoding: Encoding | str = ...,
+        **options: Unpack[EmbedKeywords],
     ) -> ChunkedEmbeddings: ...
 
     @overload
@@ -264,17 +207,10 @@ class EmbedClient:
         self,
         texts: Sequence[str],
         *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
         chunking: Chunking,
         chunk_pooling: Literal["mean"],
         encoding: Literal["float32"] = ...,
+        **options: Unpack[EmbedKeywords],
     ) -> npt.NDArray[np.float32]: ...
 
     @overload
@@ -282,34 +218,20 @@ class EmbedClient:
         self,
         texts: Sequence[str],
         *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
         chunking: Chunking,
         chunk_pooling: Literal["mean"],
         encoding: Encoding | str,
+        **options: Unpack[EmbedKeywords],
     ) -> npt.NDArray[Any]: ...
 
     async def embed(
         self,
         texts: Sequence[str],
         *,
-        timeout: float | None = None,
-        model: str | None = None,
-        normalize: bool = True,
-        truncate: bool = True,
-        dimensions: int | None = None,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-        truncation_direction: Literal["right", "left"] | None = None,
         chunking: Chunking | None = None,
         chunk_pooling: Literal["none", "mean"] = "none",
         encoding: Encoding | str = Encoding.FLOAT32,
+        **options: Unpack[EmbedKeywords],
     ) -> npt.NDArray[Any] | ChunkedEmbeddings:
         """Embed ``texts``; one row per text, in input order.
 
@@ -338,18 +260,7 @@ class EmbedClient:
         request without ``chunking``) has more than ``max_input_chars`` characters.
         """
         result = await self.embed_result(
-            texts,
-            timeout=timeout,
-            model=model,
-            normalize=normalize,
-            truncate=truncate,
-            dimensions=dimensions,
-            prompt=prompt,
-            prompt_name=prompt_name,
-            truncation_direction=truncation_direction,
-            chunking=chunking,
-            chunk_pooling=chunk_pooling,
-            encoding=encoding,
+            texts, chunking=chunking, chunk_pooling=chunk_pooling, encoding=encoding, **options
         )
         if chunking is not None and chunk_pooling == "none":
             return ChunkedEmbeddings.from_embeddings(result)
@@ -373,8 +284,8 @@ class EmbedClient:
     ) -> Embeddings:
         """Like :meth:`embed`, but the whole result: vectors, int8 scales, tokens, model
         (and with ``chunking``, its ``chunks`` and ``spans``)."""
-        request = self._request(
-            texts,
+        check_texts(texts)
+        embedding = EmbedOptions(
             model=model,
             normalize=normalize,
             truncate=truncate,
@@ -386,6 +297,7 @@ class EmbedClient:
             chunk_pooling=chunk_pooling,
             encoding=encoding,
         )
+        request = embedding.request(texts, self.config.max_input_chars, self.config.model)
         result = await self._answer(request, timeout, EmbedResult)
         if result.dtype != request.encoding:
             raise UnexpectedEncodingError(request.id, str(request.encoding), str(result.dtype))
@@ -422,19 +334,16 @@ class EmbedClient:
         document over ``max_input_chars`` characters; nothing sent); UnexpectedResultError
         when the worker answers anything but the scores of these documents.
         """
-        check_rerank_arguments(query, documents, top_n, truncation_direction)
-        check_lengths([query], self.config.max_input_chars, "query")
-        check_lengths(documents, self.config.max_input_chars, "document")
-        request = RerankRequest(
-            id=uuid.uuid4().hex,
-            query=query,
-            documents=tuple(documents),
-            model=model or self.config.model,
+        reranking = RerankOptions(
+            model=model,
             top_n=top_n,
             return_documents=return_documents,
             raw_scores=raw_scores,
             truncate=truncate,
             truncation_direction=truncation_direction,
+        )
+        request = reranking.request(
+            query, documents, self.config.max_input_chars, self.config.model
         )
         result = await self._answer(request, timeout, RerankResult)
         if result.count != len(documents):
@@ -535,106 +444,36 @@ class EmbedClient:
         EmbedError ``invalid_request`` when the catalog says ``model`` is a reranker; in all
         of these cases nothing was sent.
         """
-        _check_texts(texts)
-        request = self._request(
-            texts,
+        check_texts(texts)
+        embedding = EmbedOptions(
             model=model,
             normalize=normalize,
             dimensions=dimensions,
             prompt=prompt,
             prompt_name=prompt_name,
             encoding=encoding,
-            reply_to=reply_to or self.config.reply_topic,
-            keys=_check_keys(keys, len(texts)),
-            meta=_combined_meta(meta, metadata, len(texts)),
-            request_id=request_id,
             chunking=chunking,
             chunk_pooling=chunk_pooling,
         )
-        if not all(request.inputs):
-            index = request.inputs.index("")
-            raise ValueError(f"texts[{index}] is empty; the worker refuses empty inputs")
-        if dimensions is not None and (isinstance(dimensions, bool) or dimensions < 1):
-            raise ValueError(f"dimensions must be a positive integer, not {dimensions!r}")
+        sending = SubmitOptions(
+            reply_to or self.config.reply_topic, meta, bulk, request_id, affinity
+        )
+        request = sending.request(
+            texts, embedding, self.config.max_input_chars, self.config.model, keys, metadata
+        )
         self._check_started()
         await self._check_kind(request, "embed")
-        topic = await self.request_topic(request.model, "bulk" if bulk else "interactive")
-        await self._send(request, topic, content_key(request) if affinity else None)
+        topic = await self.request_topic(request.model, "bulk" if sending.bulk else "interactive")
+        await self._send(request, topic, content_key(request) if sending.affinity else None)
         return request.id
-
-    def _request(
-        self,
-        texts: Sequence[str],
-        *,
-        model: str | None,
-        normalize: bool,
-        dimensions: int | None,
-        prompt: str | None,
-        encoding: Encoding | str,
-        truncate: bool = True,
-        prompt_name: str | None = None,
-        truncation_direction: str | None = None,
-        reply_to: str | None = None,
-        keys: tuple[str | int, ...] | None = None,
-        meta: dict[str, Any] | None = None,
-        request_id: str | None = None,
-        chunking: Chunking | None = None,
-        chunk_pooling: str = "none",
-    ) -> EmbedRequest:
-        """The one place requests are built (``embed`` and ``submit``), texts checked."""
-        _check_texts(texts)
-        if encoding not in _ENCODING_NAMES:
-            raise ValueError(f"encoding must be one of {', '.join(Encoding)}, not {encoding!r}")
-        if request_id is not None and (
-            not isinstance(request_id, str)
-            or not 0 < len(request_id.encode("utf-8")) <= MAX_ID_BYTES
-        ):
-            raise ValueError(f"request_id must be 1 to {MAX_ID_BYTES} bytes of UTF-8")
-        if reply_to is not None and not is_valid_topic(reply_to):
-            raise ValueError(f"reply_to {reply_to!r} is not a valid Kafka topic name")
-        if prompt is not None and prompt_name is not None:
-            raise ValueError("give prompt (the text) or prompt_name (a model's prompt), not both")
-        if truncation_direction not in (None, "right", "left"):
-            raise ValueError(
-                f"truncation_direction must be 'right' or 'left', not {truncation_direction!r}"
-            )
-        _check_chunking(chunking, chunk_pooling)
-        if chunking is None:  # chunks use all of a text: no cap
-            check_lengths(texts, self.config.max_input_chars)
-        return EmbedRequest(
-            id=request_id or uuid.uuid4().hex,
-            inputs=tuple(texts),
-            model=model or self.config.model,
-            normalize=normalize,
-            truncate=truncate,
-            dimensions=dimensions,
-            encoding=Encoding(encoding),
-            prompt=prompt,
-            prompt_name=prompt_name,
-            truncation_direction=truncation_direction,
-            reply_to=reply_to,
-            keys=keys,
-            meta=meta,
-            chunking=chunking,
-            chunk_pooling=chunk_pooling,
-        )
 
     def _check_started(self) -> None:
         if not self._started:
             raise ClientClosedError("the client is not started; use 'async with'")
 
-    def _encode(self, request: Request) -> bytes:
-        try:
-            value = encode_request(request)
-        except (TypeError, ValueError, OverflowError) as exc:  # msgpack: not serializable
-            raise TypeError(f"the request cannot be encoded as msgpack: {_where(request)}") from exc
-        if len(value) > self.config.max_request_bytes:
-            raise RequestTooLargeError(len(value), self.config.max_request_bytes)
-        return value
-
     async def _send(self, request: Request, topic: str, key: bytes | None = None) -> None:
         """Encode, check the size and send; return once the broker acknowledged it."""
-        value = self._encode(request)
+        value = encoded(request, self.config.max_request_bytes)
         headers = routing_headers(request.id, request.reply_to, request.reply_partition)
         await self._transport.send(value, headers, topic, key)
 
@@ -648,126 +487,3 @@ class EmbedClient:
             raise EmbedTimeoutError(request.id, timeout) from None
         finally:
             self._pending.discard(request.id)
-
-    def _on_failure(self, error: AuthorizationError) -> None:
-        self._pending.fail_all(error)
-
-    def _on_reply(self, request_id: str | None, value: bytes) -> None:
-        if request_id is not None and request_id not in self._pending:
-            self._pending.dropped += 1  # someone else's, or late: skip without decoding
-            return
-        try:
-            result = decode_result(value)
-        except SchemaError as exc:
-            log.warning("result.malformed", error=exc.message)
-            return
-        self._pending.resolve(result)
-
-
-def content_key(request: EmbedRequest) -> bytes:
-    """A Kafka message key for ``request`` from what decides its vectors (model, prompt,
-    truncation side, texts): the same content sent again lands on the same partition."""
-    digest = hashlib.blake2b(digest_size=16, person=b"kembed-affinity")
-    options = (request.model, request.prompt, request.prompt_name, request.truncation_direction)
-    for part in (*options, *request.inputs):
-        data = b"\xff" if part is None else part.encode("utf-8", "surrogatepass")
-        digest.update(len(data).to_bytes(8, "little") + data)
-    return digest.digest()
-
-
-def _check_texts(texts: Sequence[str]) -> None:
-    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-        raise TypeError("texts must be a sequence of strings")
-    if not texts:
-        raise ValueError("texts must not be empty")
-
-
-def check_lengths(texts: Sequence[str], limit: int, item: str = "input") -> None:
-    """InputTooLongError for the first of ``texts`` over ``limit`` characters (``item``:
-    what they are; "query": one text, named without an index)."""
-    for index, text in enumerate(texts):
-        if len(text) > limit:
-            raise InputTooLongError(len(text), limit, None if item == "query" else index, item)
-
-
-def _check_chunking(chunking: Chunking | None, pooling: str) -> None:
-    if chunking is not None and not isinstance(chunking, Chunking):
-        raise TypeError(
-            f"chunking must be a Chunking(max_tokens, overlap_tokens), not {chunking!r}"
-        )
-    if pooling not in CHUNK_POOLINGS:
-        raise ValueError(f"chunk_pooling must be 'none' or 'mean', not {pooling!r}")
-    if pooling != "none" and chunking is None:
-        raise ValueError(f"chunk_pooling {pooling!r} needs chunking")
-
-
-def _check_keys(keys: Sequence[str | int] | None, count: int) -> tuple[str | int, ...] | None:
-    if keys is None:
-        return None
-    if isinstance(keys, str | bytes):
-        raise TypeError("keys must be a sequence of strings or integers, one per text")
-    checked = tuple(keys)
-    if len(checked) != count:
-        raise ValueError(f"keys has {len(checked)} entries for {count} texts; give one per text")
-    for index, key in enumerate(checked):
-        if isinstance(key, bool) or not isinstance(key, str | int):
-            raise TypeError(f"keys[{index}] must be a string or an integer, not {key!r}")
-        if isinstance(key, int) and not _INT64_MIN <= key <= _UINT64_MAX:
-            raise ValueError(f"keys[{index}] does not fit in 64 bits")
-    return checked
-
-
-def _combined_meta(
-    meta: Mapping[str, Any] | None,
-    metadata: Sequence[Mapping[str, Any] | None] | None,
-    count: int,
-) -> dict[str, Any] | None:
-    """The request's ``meta``: the request-level keys, and ``docs`` for per-input maps."""
-    combined = _string_keyed(meta, "meta") if meta is not None else {}
-    if metadata is not None:
-        if DOCS_META_KEY in combined:
-            raise ValueError(
-                f"meta[{DOCS_META_KEY!r}] is reserved for the per-input metadata; "
-                "pass those as metadata="
-            )
-        if isinstance(metadata, Mapping | str | bytes):
-            raise TypeError("metadata must be a sequence of maps (or None), one per text")
-        docs = [
-            {} if item is None else _string_keyed(item, f"metadata[{index}]")
-            for index, item in enumerate(metadata)
-        ]
-        if len(docs) != count:
-            raise ValueError(
-                f"metadata has {len(docs)} entries for {count} texts; give one per text"
-            )
-        combined[DOCS_META_KEY] = docs
-    return combined or None
-
-
-def _string_keyed(value: object, name: str) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a map with string keys, not {type(value).__name__}")
-    for key in value:
-        if not isinstance(key, str):
-            raise TypeError(f"{name} must have string keys, not {key!r}")
-    return dict(value)
-
-
-def _where(request: Request) -> str:
-    """Which part of a request msgpack cannot encode (its meta is the only free-form part)."""
-    meta = request.meta or {}
-    for index, doc in enumerate(meta.get(DOCS_META_KEY) or ()):
-        if not _packable(doc):
-            return f"metadata[{index}] holds a value msgpack cannot encode"
-    for key, value in meta.items():
-        if key != DOCS_META_KEY and not _packable(value):
-            return f"meta[{key!r}] holds a value msgpack cannot encode"
-    return "a field holds a value msgpack cannot encode"
-
-
-def _packable(value: object) -> bool:
-    try:
-        msgpack.packb(value, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError):
-        return False
-    return True

@@ -34,6 +34,7 @@ import time
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
+    Awaitable,
     Callable,
     Iterable,
     Iterator,
@@ -42,7 +43,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal, NamedTuple, Protocol
+from typing import IO, Any, NamedTuple, Protocol
 
 from producer_sdk.errors import IngestError, KembedError, RequestTooLargeError
 from schemas import Chunking
@@ -92,25 +93,11 @@ class IngestSummary:
 class Submitter(Protocol):
     """What ``ingest`` sends through: :class:`~producer_sdk.EmbedClient` is one."""
 
-    async def submit(
-        self,
-        texts: Sequence[str],
-        *,
-        keys: Sequence[str | int] | None = None,
-        metadata: Sequence[Mapping[str, Any] | None] | None = None,
-        meta: Mapping[str, Any] | None = None,
-        reply_to: str | None = None,
-        model: str | None = None,
-        bulk: bool = True,
-        prompt: str | None = None,
-        normalize: bool = True,
-        dimensions: int | None = None,
-        encoding: str = "float32",
-        request_id: str | None = None,
-        affinity: bool = False,
-        chunking: Chunking | None = None,
-        chunk_pooling: Literal["none", "mean"] = "none",
-    ) -> str: ...
+    @property
+    def submit(self) -> Callable[..., Awaitable[str]]:
+        """``submit(texts, keys=..., metadata=..., **options)``, the options ``ingest``
+        takes from its own (see :meth:`producer_sdk.EmbedClient.submit`)."""
+        ...
 
 
 ProgressCallback = Callable[[IngestSummary], None]

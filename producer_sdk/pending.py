@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import asyncio
 
-from schemas import Result
+import structlog
+
+from schemas import Result, SchemaError, decode_result
 
 __all__ = ["PendingCalls"]
+
+log = structlog.get_logger("kembed.sdk")
 
 
 class PendingCalls:
@@ -40,6 +44,20 @@ class PendingCalls:
             return False
         future.set_result(result)
         return True
+
+    def receive(self, request_id: str | None, value: bytes) -> None:
+        """Take a result as read from the reply partition: ``request_id`` from its
+        correlation header (None: decode it to find out), ``value`` its bytes. A result no
+        call waits for is counted and skipped without decoding; a malformed one is logged."""
+        if request_id is not None and request_id not in self._calls:
+            self.dropped += 1  # someone else's, or late: skip without decoding
+            return
+        try:
+            result = decode_result(value)
+        except SchemaError as exc:
+            log.warning("result.malformed", error=exc.message)
+            return
+        self.resolve(result)
 
     def discard(self, request_id: str) -> None:
         self._calls.pop(request_id, None)

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from schemas import RerankResult
 
-__all__ = ["RankedDocument", "Reranked", "check_rerank_arguments"]
+__all__ = ["RankedDocument", "Reranked"]
 
 
 class RankedDocument(NamedTuple):
@@ -72,29 +72,3 @@ class Reranked:
             RankedDocument(index, float(self.scores[index]), text)
             for index, text in zip(self.order, texts, strict=True)
         ]
-
-
-def check_rerank_arguments(
-    query: str,
-    documents: Sequence[str],
-    top_n: int | None,
-    truncation_direction: str | None,
-) -> None:
-    """TypeError or ValueError for arguments no worker would accept (nothing is sent)."""
-    if not isinstance(query, str):
-        raise TypeError(f"query must be a string, not {type(query).__name__}")
-    if not query:
-        raise ValueError("query must not be empty")
-    if isinstance(documents, str) or not all(isinstance(d, str) for d in documents):
-        raise TypeError("documents must be a sequence of strings")
-    if not documents:
-        raise ValueError("documents must not be empty")
-    for index, document in enumerate(documents):
-        if not document:
-            raise ValueError(f"documents[{index}] is empty; the worker refuses empty documents")
-    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
-        raise ValueError(f"top_n must be a positive integer or None, not {top_n!r}")
-    if truncation_direction not in (None, "right", "left"):
-        raise ValueError(
-            f"truncation_direction must be 'right' or 'left', not {truncation_direction!r}"
-        )

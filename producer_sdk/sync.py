@@ -24,26 +24,39 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-import numpy as np
-import numpy.typing as npt
-
-from producer_sdk.catalog import CatalogModel
-from producer_sdk.chunked import ChunkedEmbeddings
 from producer_sdk.client import EmbedClient
 from producer_sdk.config import ClientConfig
-from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import ClientClosedError
-from producer_sdk.rerank import Reranked
-from schemas import Chunking, Encoding
 
 __all__ = ["SyncEmbedClient"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _blocking(
+    method: Callable[Concatenate[EmbedClient, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[SyncEmbedClient, P], T]:
+    """``method`` of the async client as a blocking method of :class:`SyncEmbedClient`:
+    the same signature (and overloads) and documentation, run on the client's loop."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def call(self: SyncEmbedClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        coroutine: Coroutine[Any, Any, T] = getattr(self._client, name)(*args, **kwargs)
+        return self._submit(coroutine)
+
+    call.__doc__ = (
+        f":meth:`EmbedClient.{name} <producer_sdk.EmbedClient.{name}>`, blocking: the same "
+        "options, results and exceptions.\n\n" + (method.__doc__ or "")
+    )
+    return call
 
 
 class SyncEmbedClient:
@@ -170,297 +183,11 @@ class SyncEmbedClient:
         """Results received but not waited for: late, duplicate, or another client's."""
         return self._client.dropped_results
 
-    def models(self, timeout: float | None = None) -> list[CatalogModel]:
-        """:meth:`EmbedClient.models <producer_sdk.EmbedClient.models>`, blocking."""
-        return self._submit(self._client.models(timeout=timeout))
-
-    @overload
-    def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: None = ...,
-        chunk_pooling: Literal["none"] = ...,
-        encoding: Literal["float32"] = ...,
-    ) -> npt.NDArray[np.float32]: ...
-
-    @overload
-    def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: None = ...,
-        chunk_pooling: Literal["none"] = ...,
-        encoding: Literal["float16"],
-    ) -> npt.NDArray[np.float16]: ...
-
-    @overload
-    def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: None = ...,
-        chunk_pooling: Literal["none"] = ...,
-        encoding: Literal["int8"],
-    ) -> npt.NDArray[np.int8]: ...
-
-    @overload
-    def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: None = ...,
-        chunk_pooling: Literal["none"] = ...,
-        encoding: Literal["binary"],
-    ) -> npt.NDArray[np.uint8]: ...
-
-    @overload
-    def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: None = ...,
-        chunk_pooling: Literal["none"] = ...,
-        encoding: Encoding | str,
-    ) -> npt.NDArray[Any]: ...
-
-    @overload
-    def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: Chunking,
-        chunk_pooling: Literal["none"] = ...,
-        encoding: Encoding | str = ...,
-    ) -> ChunkedEmbeddings: ...
-
-    @overload
-    def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: Chunking,
-        chunk_pooling: Literal["mean"],
-        encoding: Literal["float32"] = ...,
-    ) -> npt.NDArray[np.float32]: ...
-
-    @overload
-    def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        normalize: bool = ...,
-        truncate: bool = ...,
-        dimensions: int | None = ...,
-        prompt: str | None = ...,
-        prompt_name: str | None = ...,
-        truncation_direction: Literal["right", "left"] | None = ...,
-        chunking: Chunking,
-        chunk_pooling: Literal["mean"],
-        encoding: Encoding | str,
-    ) -> npt.NDArray[Any]: ...
-
-    def embed(
-        self,
-        texts: Sequence[str],
-        *,
-        timeout: float | None = None,
-        model: str | None = None,
-        normalize: bool = True,
-        truncate: bool = True,
-        dimensions: int | None = None,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-        truncation_direction: Literal["right", "left"] | None = None,
-        chunking: Chunking | None = None,
-        chunk_pooling: Literal["none", "mean"] = "none",
-        encoding: Encoding | str = Encoding.FLOAT32,
-    ) -> npt.NDArray[Any] | ChunkedEmbeddings:
-        """:meth:`EmbedClient.embed <producer_sdk.EmbedClient.embed>`, blocking: one row
-        per text, in input order (with ``chunking``, a :class:`ChunkedEmbeddings`, unless
-        ``chunk_pooling`` is ``mean``); the same options and exceptions."""
-        result = self.embed_result(
-            texts,
-            timeout=timeout,
-            model=model,
-            normalize=normalize,
-            truncate=truncate,
-            dimensions=dimensions,
-            prompt=prompt,
-            prompt_name=prompt_name,
-            truncation_direction=truncation_direction,
-            chunking=chunking,
-            chunk_pooling=chunk_pooling,
-            encoding=encoding,
-        )
-        if chunking is not None and chunk_pooling == "none":
-            return ChunkedEmbeddings.from_embeddings(result)
-        return result.vectors
-
-    def embed_result(
-        self,
-        texts: Sequence[str],
-        *,
-        timeout: float | None = None,
-        model: str | None = None,
-        normalize: bool = True,
-        truncate: bool = True,
-        dimensions: int | None = None,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-        truncation_direction: Literal["right", "left"] | None = None,
-        chunking: Chunking | None = None,
-        chunk_pooling: Literal["none", "mean"] = "none",
-        encoding: Encoding | str = Encoding.FLOAT32,
-    ) -> Embeddings:
-        """:meth:`EmbedClient.embed_result <producer_sdk.EmbedClient.embed_result>`,
-        blocking: vectors, int8 scales, tokens, model."""
-        return self._submit(
-            self._client.embed_result(
-                texts,
-                timeout=timeout,
-                model=model,
-                normalize=normalize,
-                truncate=truncate,
-                dimensions=dimensions,
-                prompt=prompt,
-                prompt_name=prompt_name,
-                truncation_direction=truncation_direction,
-                chunking=chunking,
-                chunk_pooling=chunk_pooling,
-                encoding=encoding,
-            )
-        )
-
-    def rerank(
-        self,
-        query: str,
-        documents: Sequence[str],
-        *,
-        model: str | None = None,
-        top_n: int | None = None,
-        return_documents: bool = False,
-        raw_scores: bool = False,
-        truncate: bool = True,
-        truncation_direction: Literal["right", "left"] | None = None,
-        timeout: float | None = None,
-    ) -> Reranked:
-        """:meth:`EmbedClient.rerank <producer_sdk.EmbedClient.rerank>`, blocking: a score
-        per document and the documents by score; the same options and exceptions."""
-        return self._submit(
-            self._client.rerank(
-                query,
-                documents,
-                model=model,
-                top_n=top_n,
-                return_documents=return_documents,
-                raw_scores=raw_scores,
-                truncate=truncate,
-                truncation_direction=truncation_direction,
-                timeout=timeout,
-            )
-        )
-
-    def submit(
-        self,
-        texts: Sequence[str],
-        *,
-        keys: Sequence[str | int] | None = None,
-        metadata: Sequence[Mapping[str, Any] | None] | None = None,
-        meta: Mapping[str, Any] | None = None,
-        reply_to: str | None = None,
-        model: str | None = None,
-        bulk: bool = True,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-        normalize: bool = True,
-        dimensions: int | None = None,
-        encoding: str = "float32",
-        request_id: str | None = None,
-        affinity: bool = False,
-        chunking: Chunking | None = None,
-        chunk_pooling: Literal["none", "mean"] = "none",
-    ) -> str:
-        """:meth:`EmbedClient.submit <producer_sdk.EmbedClient.submit>`, blocking: send one
-        request without waiting for its result; return its id once the broker has it."""
-        return self._submit(
-            self._client.submit(
-                texts,
-                keys=keys,
-                metadata=metadata,
-                meta=meta,
-                reply_to=reply_to,
-                model=model,
-                bulk=bulk,
-                prompt=prompt,
-                prompt_name=prompt_name,
-                normalize=normalize,
-                dimensions=dimensions,
-                encoding=encoding,
-                request_id=request_id,
-                affinity=affinity,
-                chunking=chunking,
-                chunk_pooling=chunk_pooling,
-            )
-        )
+    models = _blocking(EmbedClient.models)
+    embed = _blocking(EmbedClient.embed)
+    embed_result = _blocking(EmbedClient.embed_result)
+    rerank = _blocking(EmbedClient.rerank)
+    submit = _blocking(EmbedClient.submit)
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:

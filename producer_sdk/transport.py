@@ -12,19 +12,49 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from kembed_shared.kafka.security import client_options, diagnose_login, principal_of
+from producer_sdk.catalog import CatalogModel, read_catalog
 from producer_sdk.config import ClientConfig
 from producer_sdk.errors import AuthenticationError, AuthorizationError
 from schemas.headers import CORRELATION_ID
 
-__all__ = ["Transport"]
+__all__ = ["ClientTransport", "FailureHandler", "ReplyHandler", "Transport", "TransportFactory"]
 
 ReplyHandler = Callable[[str | None, bytes], None]
+"""Takes each result read: its request id (the correlation header, if any) and its bytes."""
 FailureHandler = Callable[[AuthorizationError], None]
+"""Takes the error that ended reading results (the reply topic turned out unreadable)."""
+
+
+class ClientTransport(Protocol):
+    """What :class:`~producer_sdk.EmbedClient` sends requests and reads results through:
+    :class:`Transport` (Kafka), or :class:`producer_sdk.testing.InMemoryTransport`."""
+
+    reply_partition: int
+    failure: AuthorizationError | None
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(
+        self,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]],
+        topic: str | None = None,
+        key: bytes | None = None,
+    ) -> None: ...
+
+    async def read_catalog(self, timeout: float | None) -> list[CatalogModel]: ...
+
+
+TransportFactory = Callable[[ClientConfig, ReplyHandler, FailureHandler], ClientTransport]
+"""Makes a client's transport from its settings and its two handlers."""
 
 _RECORD_OVERHEAD = 16 * 1024
 
@@ -126,6 +156,10 @@ class Transport:
             await self._producer.send_and_wait(topic, value, key=key, headers=list(headers))
         except TopicAuthorizationFailedError:
             raise self._denied("write", topic) from None
+
+    async def read_catalog(self, timeout: float | None) -> list[CatalogModel]:
+        """The model catalog (:func:`producer_sdk.catalog.read_catalog`)."""
+        return await read_catalog(self._config, timeout=timeout)
 
     def _denied(self, operation: str, topic: str) -> AuthorizationError:
         return AuthorizationError(self._principal, operation, topic)

@@ -15,15 +15,13 @@ import os
 import re
 import subprocess
 import sys
-import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import numpy as np
-import numpy.typing as npt
 import pytest
 import structlog
 from pydantic import ValidationError
@@ -35,125 +33,30 @@ from gateway.settings import GatewaySettings
 from kembed_cli.main import main
 from kembed_shared.settings import KafkaClientSettings
 from producer_sdk.catalog import CatalogModel
-from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import (
     AuthorizationError,
     CatalogUnavailableError,
     EmbedError,
     EmbedTimeoutError,
-    KembedError,
     RequestTooLargeError,
 )
-from producer_sdk.rerank import Reranked
-from schemas import Encoding, ErrorCode
-from tests.catalog_models import described
+from schemas import ErrorCode
 from tests.conftest import ROOT
+from tests.support.sdk import (
+    ALIAS,
+    MODEL,
+    FakeClient,
+    catalog_entry,
+    tokens_of,
+    vector_of,
+)
 
 DOCS = (ROOT / "docs" / "gateway.md").read_text(encoding="utf-8")
-MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-ALIAS = "minilm"
-RERANKER = "cross-encoder/ms-marco-MiniLM-L-6-v2"
 KEY = "sk-test-key-1"
-DIM = 8
 
 
 def gateway_settings(**fields: Any) -> GatewaySettings:
     return GatewaySettings.model_validate(fields)
-
-
-def catalog_entry(name: str = MODEL, aliases: tuple[str, ...] = (ALIAS,)) -> CatalogModel:
-    description = described(name, aliases=aliases, dim=DIM, requests_topic="embed.requests")
-    return CatalogModel(
-        **description.description_fields(),
-        group_id="kembed",
-        topics=("embed.requests",),
-        workers=1,
-        instances=("worker-0",),
-        announced_ms=1_760_000_000_000,
-        interval_ms=10_000,
-    )
-
-
-def vector_of(text: str) -> npt.NDArray[np.float32]:
-    """A distinct, exactly representable vector per text (so order and values can be
-    checked)."""
-    seed = zlib.crc32(text.encode("utf-8"))
-    return np.array([(seed >> shift) % 1024 / 64 - 8 for shift in range(DIM)], dtype=np.float32)
-
-
-def tokens_of(text: str) -> int:
-    return len(text.split()) + 2
-
-
-class FakeClient:
-    """What the gateway uses of EmbedClient, scripted by the test."""
-
-    made: ClassVar[list[FakeClient]] = []
-
-    def __init__(self, bootstrap_servers: str, **options: Any) -> None:
-        self.bootstrap_servers = bootstrap_servers
-        self.options = options
-        self.catalog: list[CatalogModel] = [catalog_entry()]
-        self.catalog_error: KembedError | None = None
-        self.catalog_reads = 0
-        self.error: BaseException | None = None
-        self.gate: asyncio.Event | None = None
-        self.arrivals: asyncio.Queue[None] = asyncio.Queue()
-        """One item per call that reached the gate."""
-        self.calls: list[tuple[list[str], dict[str, Any]]] = []
-        self.started = self.closed = False
-        FakeClient.made.append(self)
-
-    async def start(self) -> None:
-        self.started = True
-
-    async def close(self) -> None:
-        self.closed = True
-
-    async def models(self, timeout: float | None = None) -> list[CatalogModel]:
-        self.catalog_reads += 1
-        if self.catalog_error is not None:
-            raise self.catalog_error
-        return list(self.catalog)
-
-    async def embed_result(self, texts: Sequence[str], **options: Any) -> Embeddings:
-        self.calls.append((list(texts), options))
-        if self.gate is not None:
-            self.arrivals.put_nowait(None)
-            await self.gate.wait()
-        if self.error is not None:
-            raise self.error
-        dims = options.get("dimensions") or DIM
-        vectors = np.stack([vector_of(text)[:dims] for text in texts])
-        return Embeddings(
-            vectors=vectors,
-            encoding=Encoding.FLOAT32,
-            dim=dims,
-            scales=None,
-            tokens=tuple(tokens_of(text) for text in texts),
-            model=MODEL,
-        )
-
-    async def rerank(self, query: str, documents: Sequence[str], **options: Any) -> Reranked:
-        self.calls.append(([query, *documents], options))
-        if self.gate is not None:
-            self.arrivals.put_nowait(None)
-            await self.gate.wait()
-        if self.error is not None:
-            raise self.error
-        scores = np.array([score_of(query, d) for d in documents], dtype=np.float32)
-        order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))
-        return Reranked(
-            scores=scores,
-            order=tuple(order[: options.get("top_n")]),
-            tokens=tuple(tokens_of(query) + tokens_of(d) for d in documents),
-            model=RERANKER,
-        )
-
-
-def score_of(query: str, document: str) -> float:
-    """A float32-exact score per (query, document) pair: distinct for distinct documents."""
-    return (zlib.crc32(f"{query}|{document}".encode()) % 4096) / 256 - 8
 
 
 @asynccontextmanager

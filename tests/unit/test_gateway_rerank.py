@@ -24,21 +24,16 @@ from producer_sdk.errors import (
     EmbedTimeoutError,
     RequestTooLargeError,
 )
+from tests.support.sdk import MODEL, RERANKER, FakeClient, catalog_entry, score_of, tokens_of
 from tests.unit.test_gateway import (
     DOCS,
     KEY,
-    MODEL,
-    RERANKER,
     WIRE_ERRORS,
-    FakeClient,
     bearer,
-    catalog_entry,
     metric_value,
     openai_error,
-    score_of,
     served,
     tei_error,
-    tokens_of,
 )
 from tests.unit.test_gateway import _no_gateway_env as _no_gateway_env
 

@@ -8,9 +8,9 @@ import asyncio
 import dataclasses
 import io
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgpack
 import pytest
@@ -29,9 +29,10 @@ from producer_sdk import (
     RequestTooLargeError,
     ingest,
 )
-from producer_sdk.client import content_key
-from schemas import Chunking, EmbedRequest, Encoding
+from producer_sdk.wire import content_key
+from schemas import EmbedRequest, Encoding
 from tests.conftest import embed_request
+from tests.support.sdk import FakeClient, offline
 
 # ---------------------------------------------------------------------------- JSONL reader
 
@@ -135,63 +136,6 @@ def test_reader_from_a_path_tracks_its_position(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------- ingest()
 
 
-class FakeClient:
-    """Records submit calls; each waits until the test lets it finish (or fails)."""
-
-    def __init__(self, *, delay: float = 0.01, max_bytes: int | None = None) -> None:
-        self.calls: list[dict[str, Any]] = []
-        self.delay = delay
-        self.max_bytes = max_bytes
-        self.in_flight = 0
-        self.peak = 0
-        self.fail_on: int | None = None
-
-    async def submit(
-        self,
-        texts: Sequence[str],
-        *,
-        keys: Sequence[str | int] | None = None,
-        metadata: Sequence[Mapping[str, Any] | None] | None = None,
-        meta: Mapping[str, Any] | None = None,
-        reply_to: str | None = None,
-        model: str | None = None,
-        bulk: bool = True,
-        prompt: str | None = None,
-        normalize: bool = True,
-        dimensions: int | None = None,
-        encoding: str = "float32",
-        request_id: str | None = None,
-        affinity: bool = False,
-        chunking: Chunking | None = None,
-        chunk_pooling: Literal["none", "mean"] = "none",
-    ) -> str:
-        size = sum(len(t) for t in texts)
-        if self.max_bytes is not None and size > self.max_bytes:
-            raise RequestTooLargeError(size, self.max_bytes)
-        number = len(self.calls)
-        self.calls.append(
-            {
-                "texts": list(texts),
-                "keys": keys,
-                "metadata": metadata,
-                "reply_to": reply_to,
-                "affinity": affinity,
-                "meta": meta,
-                "chunking": chunking,
-                "chunk_pooling": chunk_pooling,
-            }
-        )
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-        try:
-            await asyncio.sleep(self.delay)
-            if number == self.fail_on:
-                raise ClientClosedError("the broker went away")
-        finally:
-            self.in_flight -= 1
-        return f"r{number}"
-
-
 def _documents(count: int, consumed: list[int] | None = None) -> Iterator[Document]:
     for i in range(count):
         if consumed is not None:
@@ -205,10 +149,10 @@ async def test_ingest_batches_documents_in_order_with_keys_and_metadata() -> Non
     summary = await ingest(
         client, _documents(10), batch_size=4, reply_to="out", on_progress=progress.append
     )
-    assert [len(call["texts"]) for call in client.calls] == [4, 4, 2]
-    assert [key for call in client.calls for key in call["keys"]] == list(range(10))
-    assert client.calls[0]["metadata"] == [None, {"n": 1}, None, {"n": 3}]
-    assert {call["reply_to"] for call in client.calls} == {"out"}
+    assert [len(texts) for texts, _ in client.calls] == [4, 4, 2]
+    assert [key for _, call in client.calls for key in call["keys"]] == list(range(10))
+    assert client.calls[0][1]["metadata"] == [None, {"n": 1}, None, {"n": 3}]
+    assert {call["reply_to"] for _, call in client.calls} == {"out"}
     assert (summary.documents, summary.requests) == (10, 3)
     assert summary.bytes == sum(len(f"text {i}") for i in range(10))
     assert [p.documents for p in progress] == [4, 8, 10]
@@ -217,14 +161,14 @@ async def test_ingest_batches_documents_in_order_with_keys_and_metadata() -> Non
 async def test_ingest_sends_no_metadata_when_no_document_has_any() -> None:
     client = FakeClient(delay=0)
     await ingest(client, [Document("a", 1), Document("b", 2)])
-    assert client.calls[0]["metadata"] is None
+    assert client.calls[0][1]["metadata"] is None
 
 
 async def test_ingest_asks_for_content_affinity_only_when_told() -> None:
     client = FakeClient(delay=0)
     await ingest(client, _documents(3), batch_size=2)
     await ingest(client, _documents(3), batch_size=2, affinity=True)
-    assert [call["affinity"] for call in client.calls] == [False, False, True, True]
+    assert [call["affinity"] for _, call in client.calls] == [False, False, True, True]
 
 
 def test_the_affinity_key_follows_the_content_not_the_request() -> None:
@@ -260,7 +204,7 @@ async def test_ingest_accepts_an_async_iterable() -> None:
     client = FakeClient(delay=0)
     summary = await ingest(client, documents(), batch_size=2)
     assert summary.documents == 5
-    assert [len(call["texts"]) for call in client.calls] == [2, 2, 1]
+    assert [len(texts) for texts, _ in client.calls] == [2, 2, 1]
 
 
 async def test_ingest_bounds_requests_in_flight_and_reads_lazily() -> None:
@@ -290,7 +234,7 @@ async def test_ingest_splits_a_batch_that_is_too_large() -> None:
     summary = await ingest(client, _documents(8), batch_size=8)
     assert summary.documents == 8
     assert summary.requests == len(client.calls) > 1
-    assert [key for call in client.calls for key in call["keys"]] == list(range(8))
+    assert [key for _, call in client.calls for key in call["keys"]] == list(range(8))
 
 
 async def test_ingest_fails_on_a_document_too_large_alone() -> None:
@@ -354,34 +298,8 @@ async def test_ingest_refuses_bad_sizes(options: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ submit's arguments
 
 
-class _Recorder:
-    """Stands in for the Kafka transport: records what submit would send."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, list[tuple[str, bytes]], str | None]] = []
-        self.keys: list[bytes | None] = []
-
-    async def send(
-        self,
-        value: bytes,
-        headers: Sequence[tuple[str, bytes]],
-        topic: str | None = None,
-        key: bytes | None = None,
-    ) -> None:
-        self.sent.append((value, list(headers), topic))
-        self.keys.append(key)
-
-
-def _offline_client(**options: Any) -> tuple[EmbedClient, _Recorder]:
-    client = EmbedClient("127.0.0.1:1", **options)
-    recorder = _Recorder()
-    client._transport = recorder  # type: ignore[assignment]
-    client._started = True
-    return client, recorder
-
-
 async def test_submit_builds_the_wire_request_with_keys_and_metadata() -> None:
-    client, recorder = _offline_client(model="m", bulk_topic="bulk.in")
+    client, transport = offline(model="m", bulk_topic="bulk.in")
     request_id = await client.submit(
         ["a", "b"],
         keys=["k1", 2],
@@ -392,7 +310,8 @@ async def test_submit_builds_the_wire_request_with_keys_and_metadata() -> None:
         request_id="req-1",
     )
     assert request_id == "req-1"
-    [(value, headers, topic)] = recorder.sent
+    [sent] = transport.sent
+    value, headers, topic = sent.value, sent.headers, sent.topic
     assert topic == "bulk.in"
     request = embed_request(value)
     assert request.inputs == ("a", "b")
@@ -404,20 +323,22 @@ async def test_submit_builds_the_wire_request_with_keys_and_metadata() -> None:
     assert request.model == "m"
     assert dict(headers)["kafka_correlationId"] == b"req-1"
     await client.submit(["c"], bulk=False)
-    assert recorder.sent[1][2] == "embed.requests"
-    assert embed_request(recorder.sent[1][0]).reply_to == "embed.results"
-    assert recorder.keys == [None, None], "no message key unless affinity is asked for"
+    assert transport.sent[1].topic == "embed.requests"
+    assert embed_request(transport.sent[1].value).reply_to == "embed.results"
+    assert [sent.key for sent in transport.sent] == [None, None], (
+        "no message key unless affinity is asked for"
+    )
 
 
 async def test_submit_with_affinity_keys_the_message_by_its_content() -> None:
-    client, recorder = _offline_client(model="m")
+    client, transport = offline(model="m")
     await client.submit(["a", "b"], affinity=True)
     await client.submit(["a", "b"], affinity=True, keys=[1, 2], dimensions=8)
     await client.submit(["a", "c"], affinity=True)
-    first = embed_request(recorder.sent[0][0])
-    assert recorder.keys[0] == content_key(first)
-    assert recorder.keys[1] == recorder.keys[0]
-    assert recorder.keys[2] != recorder.keys[0]
+    first = embed_request(transport.sent[0].value)
+    assert transport.sent[0].key == content_key(first)
+    assert transport.sent[1].key == transport.sent[0].key
+    assert transport.sent[2].key != transport.sent[0].key
 
 
 @pytest.mark.parametrize(
@@ -443,23 +364,23 @@ async def test_submit_with_affinity_keys_the_message_by_its_content() -> None:
 async def test_submit_refuses_bad_arguments_before_sending(
     call: dict[str, Any], error: type[Exception], message: str
 ) -> None:
-    client, recorder = _offline_client()
+    client, transport = offline()
     texts = call.pop("texts")
     with pytest.raises(error, match=message):
         await client.submit(texts, **call)
-    assert recorder.sent == []
+    assert transport.sent == []
 
 
 async def test_submit_refuses_a_request_above_max_request_bytes() -> None:
-    client, recorder = _offline_client(max_request_bytes=1000)
+    client, transport = offline(max_request_bytes=1000)
     await client.submit(["x" * 900])
     with pytest.raises(RequestTooLargeError) as caught:
         await client.submit(["x" * 600, "y" * 600])
     assert caught.value.limit == 1000
     assert caught.value.size > 1200
     assert isinstance(caught.value, ValueError)
-    assert len(recorder.sent) == 1
-    assert len(msgpack.packb(msgpack.unpackb(recorder.sent[0][0]))) <= 1000
+    assert len(transport.sent) == 1
+    assert len(msgpack.packb(msgpack.unpackb(transport.sent[0].value))) <= 1000
 
 
 async def test_submit_needs_a_started_client() -> None:
@@ -469,7 +390,7 @@ async def test_submit_needs_a_started_client() -> None:
 
 
 async def test_embed_on_a_producer_only_client_says_why() -> None:
-    client, _ = _offline_client(read_replies=False)
+    client, _ = offline(read_replies=False)
     with pytest.raises(Exception, match="read_replies=False"):
         await client.embed(["a"])
 

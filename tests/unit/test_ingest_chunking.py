@@ -16,7 +16,7 @@ from producer_sdk import Document, ingest
 from producer_sdk.ingest import estimated_chunks
 from schemas import Chunking
 from tests.conftest import embed_request
-from tests.unit.test_ingest import FakeClient, _offline_client
+from tests.support.sdk import FakeClient, offline
 
 
 def test_estimated_chunks_take_three_characters_per_token_and_the_overlap() -> None:
@@ -38,11 +38,11 @@ async def test_chunked_ingest_sizes_requests_by_estimated_chunks() -> None:
     summary = await ingest(
         client, docs, chunking=Chunking(128, 16), chunks_per_request=20, meta={"source": "s"}
     )
-    assert [call["keys"] for call in client.calls] == [[0, 1], [2, 3], [4, 5], [6]]
+    assert [call["keys"] for _, call in client.calls] == [[0, 1], [2, 3], [4, 5], [6]]
     assert summary.documents == 7
-    assert {call["chunking"] for call in client.calls} == {Chunking(128, 16)}
-    assert {call["chunk_pooling"] for call in client.calls} == {"none"}
-    assert client.calls[0]["meta"] == {"source": "s"}
+    assert {call["chunking"] for _, call in client.calls} == {Chunking(128, 16)}
+    assert {call["chunk_pooling"] for _, call in client.calls} == {"none"}
+    assert client.calls[0][1]["meta"] == {"source": "s"}
 
 
 async def test_mean_pooled_ingest_tells_the_sink_in_meta() -> None:
@@ -52,15 +52,15 @@ async def test_mean_pooled_ingest_tells_the_sink_in_meta() -> None:
     await ingest(
         client, [Document("a", 1)], chunking=Chunking(64), chunk_pooling="mean", meta={"s": 1}
     )
-    assert client.calls[0]["meta"] == {"s": 1, "chunk_pooling": "mean"}
-    assert client.calls[0]["chunk_pooling"] == "mean"
+    assert client.calls[0][1]["meta"] == {"s": 1, "chunk_pooling": "mean"}
+    assert client.calls[0][1]["chunk_pooling"] == "mean"
 
 
 async def test_unchunked_ingest_is_batched_by_documents_as_before() -> None:
     client = FakeClient(delay=0)
     await ingest(client, [Document("x" * 30_000, i) for i in range(5)], batch_size=2)
-    assert [len(call["keys"]) for call in client.calls] == [2, 2, 1]
-    assert {call["chunking"] for call in client.calls} == {None}
+    assert [len(call["keys"]) for _, call in client.calls] == [2, 2, 1]
+    assert {call["chunking"] for _, call in client.calls} == {None}
 
 
 @pytest.mark.parametrize(
@@ -79,17 +79,17 @@ async def test_ingest_refuses_bad_chunk_options(options: dict[str, Any], message
 
 
 async def test_submit_writes_chunking_on_the_wire() -> None:
-    client, recorder = _offline_client()
+    client, transport = offline()
     await client.submit(["a long text"], keys=["k"], chunking=Chunking(64, 8))
     await client.submit(["b"], keys=["k"], chunking=Chunking(32), chunk_pooling="mean")
     await client.submit(["c"], keys=["k"])
-    first, second, plain = (embed_request(value) for value, _, _ in recorder.sent)
+    first, second, plain = (embed_request(sent.value) for sent in transport.sent)
     assert (first.chunking, first.chunk_pooling) == (Chunking(64, 8), "none")
     assert (second.chunking, second.chunk_pooling) == (Chunking(32), "mean")
     assert (plain.chunking, plain.chunk_pooling) == (None, "none")
     with pytest.raises(ValueError, match="needs chunking"):
         await client.submit(["d"], chunk_pooling="mean")
-    assert len(recorder.sent) == 3
+    assert len(transport.sent) == 3
 
 
 def test_cli_chunk_flags_reach_the_command() -> None:

@@ -1,15 +1,15 @@
 """``EmbedClient.rerank`` offline: the wire request it sends, the ``Reranked`` it returns,
 the errors it raises (error results, results of the other kind, the catalog's ``kind``
-checked before sending, invalid arguments). Kafka is replaced by a transport that answers
-each request with a scripted result through the client's own reply path (the real codec,
-the real pending-call table). Through a broker and a worker:
-tests/integration/test_rerank_clients.py."""
+checked before sending, invalid arguments). Kafka is replaced by the in-memory transport
+of ``producer_sdk.testing``, which answers each request with a scripted result through the
+client's own reply path (the real codec, the real pending-call table). Through a broker
+and a worker: tests/integration/test_rerank_clients.py."""
 
 from __future__ import annotations
 
 import asyncio
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +24,8 @@ from producer_sdk import (
     Reranked,
     UnexpectedResultError,
 )
-from producer_sdk.catalog import CatalogModel, ModelRouter
+from producer_sdk.catalog import CatalogModel
+from producer_sdk.testing import InMemoryTransport, answer_scores
 from schemas import (
     EmbedRequest,
     EmbedResult,
@@ -33,11 +34,10 @@ from schemas import (
     RerankRequest,
     RerankResult,
     Result,
-    decode_request,
-    encode_result,
 )
 from schemas.v1 import pack_float32
-from tests.unit.test_gateway import catalog_entry
+from tests.support import sdk
+from tests.support.sdk import catalog_entry
 
 Answer = Callable[[Any], Result | None]
 
@@ -51,17 +51,7 @@ def scores_of(request: RerankRequest) -> list[float]:
 def rerank_result(request: RerankRequest) -> RerankResult:
     """The result a worker would give, computed plainly: scores in the documents' order,
     ``order`` by score (ties: lower index first), cut to ``top_n``."""
-    scores = scores_of(request)
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: request.top_n]
-    documents = tuple(request.documents[i] for i in order) if request.return_documents else None
-    return RerankResult(
-        id=request.id,
-        model="cross-encoder",
-        scores=pack_float32(array("f", scores)),
-        order=tuple(order),
-        tokens=tuple(len(document.split()) + 3 for document in request.documents),
-        documents=documents,
-    )
+    return answer_scores(request, scores_of(request), model="cross-encoder")
 
 
 def vectors_result(request: Any) -> EmbedResult:
@@ -76,51 +66,12 @@ def vectors_result(request: Any) -> EmbedResult:
     )
 
 
-class AnsweringTransport:
-    """Stands in for the Kafka transport: records each request and answers it at once with
-    ``answer(request)`` (encoded, then handed to the client's reply handler as Kafka
-    would; None: no answer)."""
-
-    def __init__(self, client: EmbedClient, answer: Answer) -> None:
-        self.client = client
-        self.answer = answer
-        self.failure = None
-        self.reply_partition = 5
-        self.sent: list[tuple[Any, str | None, dict[str, bytes]]] = []
-
-    async def send(
-        self,
-        value: bytes,
-        headers: Sequence[tuple[str, bytes]],
-        topic: str | None = None,
-        key: bytes | None = None,
-    ) -> None:
-        request = decode_request(value)
-        self.sent.append((request, topic, dict(headers)))
-        result = self.answer(request)
-        if result is not None:
-            loop = asyncio.get_running_loop()
-            loop.call_soon(self.client._on_reply, request.id, encode_result(result))
-
-
 def offline(
     answer: Answer = rerank_result,
     catalog: list[CatalogModel] | None = None,
     **options: Any,
-) -> tuple[EmbedClient, AnsweringTransport]:
-    client = EmbedClient("127.0.0.1:1", **options)
-    transport = AnsweringTransport(client, answer)
-    client._transport = transport  # type: ignore[assignment]
-    if catalog is not None:
-
-        async def read() -> list[CatalogModel]:
-            return catalog
-
-        client._router = ModelRouter(read, refresh_s=60, overrides=client.config.model_topics)
-    else:
-        client._router = ModelRouter(None, refresh_s=60)
-    client._started = True
-    return client, transport
+) -> tuple[EmbedClient, InMemoryTransport]:
+    return sdk.offline(answer, catalog, **options)
 
 
 def reranker(name: str = "ms-marco", topic: str = "rerank.requests") -> CatalogModel:
@@ -137,7 +88,8 @@ DOCUMENTS = ["a cat", "a much longer document", "dog", "medium text"]
 async def test_rerank_sends_a_rerank_request_and_returns_scores_in_document_order() -> None:
     client, transport = offline(model="ms-marco")
     reranked = await client.rerank("what animal?", DOCUMENTS, timeout=7)
-    ((request, topic, headers),) = transport.sent
+    (sent,) = transport.sent
+    request, topic, headers = sent.request, sent.topic, sent.headers
     assert isinstance(request, RerankRequest)
     assert (request.query, request.documents) == ("what animal?", tuple(DOCUMENTS))
     assert request.model == "ms-marco"  # the client's model option
@@ -178,7 +130,8 @@ async def test_top_n_return_documents_raw_scores_and_truncation_reach_the_wire()
         truncate=False,
         truncation_direction="left",
     )
-    request = transport.sent[0][0]
+    request = transport.sent[0].request
+    assert isinstance(request, RerankRequest)
     assert (request.model, request.top_n, request.return_documents) == ("ce", 2, True)
     assert (request.raw_scores, request.truncate, request.truncation_direction) == (
         True,
@@ -255,7 +208,7 @@ async def test_scores_for_another_number_of_documents_are_refused() -> None:
 async def test_rerank_is_routed_to_the_rerankers_topic_by_the_catalog() -> None:
     client, transport = offline(catalog=[catalog_entry(), reranker()])
     await client.rerank("q", ["d"], model="ce")
-    assert transport.sent[0][1] == "rerank.requests"
+    assert transport.sent[0].topic == "rerank.requests"
     models = await client._router.find("ms-marco")
     assert models is not None
     assert models.kind == "rerank"
@@ -283,10 +236,10 @@ async def test_no_kind_check_for_a_pinned_or_unknown_model() -> None:
     the requests topic, where a worker answers (here: with scores)."""
     pinned, transport = offline(catalog=[catalog_entry()], model_topics={"minilm": "pinned.topic"})
     await pinned.rerank("q", ["d"], model="minilm")
-    assert transport.sent[0][1] == "pinned.topic"
+    assert transport.sent[0].topic == "pinned.topic"
     unknown, transport = offline(catalog=[catalog_entry()])
     await unknown.rerank("q", ["d"], model="elsewhere")
-    assert transport.sent[0][1] == "embed.requests"
+    assert transport.sent[0].topic == "embed.requests"
 
 
 @pytest.mark.parametrize(

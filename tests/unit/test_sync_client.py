@@ -10,7 +10,6 @@ import inspect
 import random
 import threading
 from collections.abc import Sequence
-from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -19,81 +18,31 @@ from producer_sdk import (
     ChunkedEmbeddings,
     Chunking,
     ClientClosedError,
-    ClientConfig,
     EmbedClient,
-    Embeddings,
     EmbedError,
-    Reranked,
     SyncEmbedClient,
 )
+from producer_sdk.catalog import CatalogModel
 from schemas import Encoding
+from tests.support.sdk import FakeClient
 
 
-class FakeAsyncClient:
-    """Answers embed() with one row per text derived from the text; records which thread
-    and loop ran each call. ``hold`` makes calls wait until released (or cancelled)."""
+class FakeAsyncClient(FakeClient):
+    """The shared fake, answering one row per text derived from the text, interleaving
+    concurrent calls; ``model="missing"`` is an unknown model, ``model="embedder"`` not a
+    reranker."""
 
     def __init__(self) -> None:
-        self.config = ClientConfig(bootstrap_servers="fake:9092")
-        self.reply_partition = 3
-        self.dropped_results = 0
-        self.started = False
-        self.closed = False
-        self.threads: set[int] = set()
-        self.loops: set[int] = set()
-        self.hold: asyncio.Event | None = None
-        self.calls: list[dict[str, Any]] = []
-
-    def _record(self) -> None:
-        self.threads.add(threading.get_ident())
-        self.loops.add(id(asyncio.get_running_loop()))
-
-    async def start(self) -> None:
-        self._record()
-        self.started = True
-
-    async def close(self) -> None:
-        self._record()
-        self.closed = True
-
-    async def models(self, timeout: float | None = None) -> list[Any]:
-        self._record()
-        return [f"model (timeout {timeout})"]
-
-    async def embed_result(self, texts: Sequence[str], **options: Any) -> Embeddings:
-        self._record()
-        self.calls.append(options)
-        if options.get("model") == "missing":
-            raise EmbedError("unknown_model", "no such model", request_id="r1")
-        if self.hold is not None:
-            await self.hold.wait()
-        await asyncio.sleep(random.uniform(0, 0.01))  # interleave concurrent calls
-        vectors = np.array([[len(t), sum(map(ord, t))] for t in texts], dtype=np.float32)
-        return Embeddings(
-            vectors=vectors,
-            encoding=Encoding.FLOAT32,
-            dim=2,
-            scales=None,
-            tokens=tuple(len(t) for t in texts),
-            model="fake",
-            # With chunking: each text one chunk covering it.
-            chunks=(1,) * len(texts) if options.get("chunking") else None,
-            spans=tuple((0, len(t)) for t in texts) if options.get("chunking") else None,
-        )
-
-    async def rerank(self, query: str, documents: Sequence[str], **options: Any) -> Reranked:
-        self._record()
-        self.calls.append(options)
-        if options.get("model") == "embedder":
-            raise EmbedError("invalid_request", "an embedding model", request_id="r2")
-        scores = np.array([len(d) for d in documents], dtype=np.float32)
-        order = tuple(sorted(range(len(documents)), key=lambda i: -scores[i]))
-        return Reranked(scores, order[: options.get("top_n")], (3,) * len(documents), "ce")
-
-    async def submit(self, texts: Sequence[str], **options: Any) -> str:
-        self._record()
-        self.calls.append(options)
-        return options.get("request_id") or "generated"
+        super().__init__()
+        self.model_name = "fake"
+        self.vector = lambda t: rows([t])[0]
+        self.score = lambda query, document: len(document)
+        self.jitter = 0.01
+        self.catalog = []
+        self.errors = {
+            "missing": EmbedError("unknown_model", "no such model", request_id="r1"),
+            "embedder": EmbedError("invalid_request", "an embedding model", request_id="r2"),
+        }
 
 
 def rows(texts: Sequence[str]) -> np.ndarray:
@@ -102,7 +51,7 @@ def rows(texts: Sequence[str]) -> np.ndarray:
 
 def make() -> tuple[SyncEmbedClient, FakeAsyncClient]:
     fake = FakeAsyncClient()
-    return SyncEmbedClient._wrapping(lambda: cast(EmbedClient, fake)), fake
+    return SyncEmbedClient._wrapping(lambda: fake), fake
 
 
 def test_calls_run_on_one_background_loop_and_return_the_async_results() -> None:
@@ -112,7 +61,8 @@ def test_calls_run_on_one_background_loop_and_return_the_async_results() -> None
         vectors = client.embed(["a", "bb"], dimensions=2, prompt_name="query")
         assert np.array_equal(vectors, rows(["a", "bb"]))
         assert client.embed_result(["abc"]).model == "fake"
-        assert cast(list[Any], client.models(timeout=2.5)) == ["model (timeout 2.5)"]
+        assert client.models(timeout=2.5) == fake.catalog
+        assert fake.catalog_timeouts == [2.5]
         assert client.submit(["x"], keys=[1], request_id="mine") == "mine"
         assert client.reply_partition == 3
         assert client.config.bootstrap_servers == "fake:9092"
@@ -121,7 +71,7 @@ def test_calls_run_on_one_background_loop_and_return_the_async_results() -> None
     assert threading.get_ident() not in fake.threads
     assert len(fake.threads) == 1  # start, every call and close: the one loop thread
     assert len(fake.loops) == 1
-    assert fake.calls[0] == {
+    assert fake.calls[0][1] == {
         "timeout": None,
         "model": None,
         "normalize": True,
@@ -134,8 +84,8 @@ def test_calls_run_on_one_background_loop_and_return_the_async_results() -> None
         "chunk_pooling": "none",
         "encoding": Encoding.FLOAT32,
     }
-    assert fake.calls[-1]["keys"] == [1]
-    assert fake.calls[-1]["chunking"] is None
+    assert fake.calls[-1][1]["keys"] == [1]
+    assert fake.calls[-1][1]["chunking"] is None
     assert fake.closed
 
 
@@ -149,7 +99,7 @@ def test_rerank_blocks_and_returns_the_async_clients_scores_and_errors() -> None
         with pytest.raises(EmbedError) as caught:
             client.rerank("q", ["a"], model="embedder")
         assert caught.value.code == "invalid_request"
-    assert fake.calls[0] == {
+    assert fake.calls[0][1] == {
         "model": "ce",
         "top_n": 2,
         "return_documents": False,
@@ -236,7 +186,7 @@ def test_close_ends_a_call_that_is_still_waiting() -> None:
     """A call waiting in another thread raises ClientClosedError once close() runs, rather
     than waiting forever on a stopped loop."""
     client, fake = make()
-    fake.hold = asyncio.Event()  # never set: the call waits until cancelled
+    fake.gate = asyncio.Event()  # never set: the call waits until cancelled
     caught: list[BaseException] = []
     entered = threading.Event()
 
@@ -266,7 +216,7 @@ def test_a_failed_start_raises_its_error_and_leaves_no_thread() -> None:
 
     before = threading.active_count()
     with pytest.raises(ConnectionRefusedError, match="no broker"):
-        SyncEmbedClient._wrapping(lambda: cast(EmbedClient, Refused()))
+        SyncEmbedClient._wrapping(lambda: Refused())
     assert threading.active_count() == before
 
 
@@ -291,7 +241,7 @@ def test_a_call_from_the_clients_own_loop_raises_instead_of_waiting_forever() ->
     inner: list[BaseException] = []
 
     class Reentrant(FakeAsyncClient):
-        async def models(self, timeout: float | None = None) -> list[Any]:
+        async def models(self, timeout: float | None = None) -> list[CatalogModel]:
             try:
                 client.embed(["from the loop thread"])
             except RuntimeError as exc:
@@ -299,7 +249,7 @@ def test_a_call_from_the_clients_own_loop_raises_instead_of_waiting_forever() ->
             return []
 
     with client:
-        client._client = cast(EmbedClient, Reentrant())
+        client._client = Reentrant()
         assert client.models() == []
     assert len(inner) == 1
     assert "own event loop" in str(inner[0])

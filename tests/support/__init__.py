@@ -1,0 +1,1 @@
+"""Shared fakes for the unit tests."""
