@@ -52,6 +52,7 @@ from schemas import (
     EmbedResult,
     Encoding,
     ErrorResult,
+    Kind,
     Request,
     RerankRequest,
     RerankResult,
@@ -63,16 +64,22 @@ __all__ = ["EmbedClient"]
 
 R = TypeVar("R", EmbedResult, RerankResult)
 _KIND_OF: dict[type[EmbedResult | RerankResult], str] = {
-    EmbedResult: "embed",
-    RerankResult: "rerank",
+    EmbedResult: Kind.EMBED,
+    RerankResult: Kind.RERANK,
 }
 """The catalog ``kind`` of the models that answer a call expecting this result."""
 _WHAT: dict[type[EmbedResult | RerankResult], str] = {
     EmbedResult: "vectors",
     RerankResult: "relevance scores (a rerank result)",
 }
-_MODEL_KINDS = {"embed": "an embedding model", "rerank": "a reranker (a cross-encoder)"}
-_USE = {"embed": "call embed(), not rerank()", "rerank": "call rerank(), not embed()"}
+_MODEL_KINDS: dict[str, str] = {
+    Kind.EMBED: "an embedding model",
+    Kind.RERANK: "a reranker (a cross-encoder)",
+}
+_USE: dict[str, str] = {
+    Kind.EMBED: "call embed(), not rerank()",
+    Kind.RERANK: "call rerank(), not embed()",
+}
 
 
 class EmbedClient:
@@ -462,7 +469,7 @@ class EmbedClient:
             texts, embedding, self.config.max_input_chars, self.config.model, keys, metadata
         )
         self._check_started()
-        await self._check_kind(request, "embed")
+        await self._check_kind(request, Kind.EMBED)
         topic = await self.request_topic(request.model, "bulk" if sending.bulk else "interactive")
         await self._send(request, topic, content_key(request) if sending.affinity else None)
         return request.id
