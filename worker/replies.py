@@ -23,6 +23,7 @@ import structlog
 from kembed_shared import backoff
 from kembed_shared.observability.logging import record_fields
 from kembed_shared.ports import Publisher, PublishError, Record
+from kembed_shared.publish_retry import retry_publish
 from schemas.headers import dead_letter_headers
 from worker.publish import result_headers
 
@@ -177,11 +178,6 @@ async def retry_transient(
         log.warning("publish.retrying", topic=topic, reason=exc.reason, delay_s=delay)
         on_retry()
 
-    await backoff.retry(
-        attempt,
-        errors=PublishError,
-        delays=backoff.doubling(0.05, 2.0),
-        retry_for_s=retry_for_s,
-        retriable=lambda exc: exc.retriable,
-        on_retry=retrying,
+    await retry_publish(
+        attempt, delays=backoff.doubling(0.05, 2.0), retry_for_s=retry_for_s, on_retry=retrying
     )
