@@ -6,10 +6,7 @@ The worker's conventions: an own registry per :class:`SinkMetrics`, counters exp
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.exposition import generate_latest
-
-from kembed_shared.observability.metrics import CONTENT_TYPE
+from kembed_shared.observability.metrics import CONTENT_TYPE, MetricsRegistry
 
 __all__ = ["CONTENT_TYPE", "SINK_METRIC_NAMES", "SinkMetrics"]
 
@@ -20,80 +17,65 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
-class SinkMetrics:
+class SinkMetrics(MetricsRegistry):
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.info = Info(
-            "kembed_sink", "Target kind, table, topic and group of this sink.", registry=r
-        )
-        self.rows = Counter(
+        super().__init__()
+        self.info = self._info("kembed_sink", "Target kind, table, topic and group of this sink.")
+        self.rows = self._counter(
             "kembed_sink_rows_upserted",
             "Rows written (inserted or replaced by id), by table.",
             ["table"],
-            registry=r,
         )
-        self.results = Counter(
+        self.results = self._counter(
             "kembed_sink_results",
             "Result messages consumed, by outcome: written, or the code they were "
             "dead-lettered with.",
             ["outcome"],
-            registry=r,
         )
-        self.batches = Counter(
-            "kembed_sink_batches", "Batches committed (one transaction each).", registry=r
+        self.batches = self._counter(
+            "kembed_sink_batches", "Batches committed (one transaction each)."
         )
-        self.batch_rows = Histogram(
+        self.batch_rows = self._histogram(
             "kembed_sink_batch_rows",
             "Rows per batch transaction.",
             buckets=_SIZE_BUCKETS,
-            registry=r,
         )
-        self.write_seconds = Histogram(
+        self.write_seconds = self._histogram(
             "kembed_sink_write_seconds",
             "Database time per batch: the transaction (Milvus: the upsert), retries included.",
             buckets=_WRITE_BUCKETS,
-            registry=r,
         )
-        self.batch_seconds = Histogram(
+        self.batch_seconds = self._histogram(
             "kembed_sink_batch_seconds",
             "Whole batch: decoding, the write, dead letters and the offset commit.",
             buckets=_WRITE_BUCKETS,
-            registry=r,
         )
-        self.latency_seconds = Histogram(
+        self.latency_seconds = self._histogram(
             "kembed_sink_latency_seconds",
             "End to end through the sink: from a result's produce timestamp to the commit of "
             "its rows.",
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.errors = Counter(
+        self.errors = self._counter(
             "kembed_sink_errors",
             "Problems by kind: error results (by wire code), messages the sink refused "
             "(invalid_result, unsupported_dtype, missing_keys, invalid_key, "
             "dimension_mismatch, write_refused), and write_retry (a transient write failure).",
             ["kind"],
-            registry=r,
         )
-        self.dlq_messages = Counter(
+        self.dlq_messages = self._counter(
             "kembed_sink_dlq_messages",
             "Messages written to the sink's dead-letter topic, by reason code.",
             ["code"],
-            registry=r,
         )
-        self.consumer_lag = Gauge(
+        self.consumer_lag = self._gauge(
             "kembed_sink_consumer_lag",
             "Results in an assigned partition not yet fetched (high watermark - position).",
             ["topic", "partition"],
-            registry=r,
         )
-        self.ready = Gauge(
-            "kembed_sink_ready", "1 when the sink is ready (the /ready endpoint).", registry=r
+        self.ready = self._gauge(
+            "kembed_sink_ready", "1 when the sink is ready (the /ready endpoint)."
         )
-
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 #: The metric families a scrape exposes (counters with their ``_total`` samples).

@@ -11,17 +11,9 @@ Outcome labels are ``ok`` or a wire error code (``invalid_request``, ``deadline_
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    Info,
-    disable_created_metrics,
-)
-from prometheus_client.exposition import generate_latest
+from prometheus_client import disable_created_metrics
 
-from kembed_shared.observability.metrics import CONTENT_TYPE
+from kembed_shared.observability.metrics import CONTENT_TYPE, MetricsRegistry
 
 __all__ = ["CONTENT_TYPE", "METRIC_NAMES", "Metrics"]
 
@@ -38,199 +30,166 @@ _WAIT_BUCKETS = (
 )  # fmt: skip
 
 
-class Metrics:
+class Metrics(MetricsRegistry):
     """The worker's metrics, registered in their own registry."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.info = Info(
-            "kembed_worker", "Version, model and precision of this worker.", registry=r
-        )
-        self.requests = Counter(
+        super().__init__()
+        self.info = self._info("kembed_worker", "Version, model and precision of this worker.")
+        self.requests = self._counter(
             "kembed_requests",
             "Requests answered, by model and outcome (ok or an error code).",
             ["model", "outcome"],
-            registry=r,
         )
-        self.inputs = Counter(
+        self.inputs = self._counter(
             "kembed_inputs",
             "Inputs (texts) of answered requests, by model and outcome.",
             ["model", "outcome"],
-            registry=r,
         )
-        self.tokens = Counter(
+        self.tokens = self._counter(
             "kembed_tokens",
             "Tokens (after truncation) of answered requests, by model and outcome.",
             ["model", "outcome"],
-            registry=r,
         )
-        self.batch_size = Histogram(
+        self.batch_size = self._histogram(
             "kembed_batch_size",
             "Inputs per encoder batch; the count is the number of batches run.",
             ["lane"],
             buckets=_SIZE_BUCKETS,
-            registry=r,
         )
-        self.batch_padded_tokens = Histogram(
+        self.batch_padded_tokens = self._histogram(
             "kembed_batch_padded_tokens",
             "Padded tokens per batch (inputs x longest input): the cost the encoder pays.",
             ["lane"],
             buckets=_TOKEN_BUCKETS,
-            registry=r,
         )
-        self.batch_padding_ratio = Histogram(
+        self.batch_padding_ratio = self._histogram(
             "kembed_batch_padding_ratio",
             "Share of a batch's padded tokens that are padding (0: none wasted).",
             ["lane"],
             buckets=_RATIO_BUCKETS,
-            registry=r,
         )
-        self.queue_seconds = Histogram(
+        self.queue_seconds = self._histogram(
             "kembed_queue_seconds",
             "Time an input waited between tokenization and the start of its batch.",
             ["lane"],
             buckets=_WAIT_BUCKETS,
-            registry=r,
         )
-        self.inference_seconds = Histogram(
+        self.inference_seconds = self._histogram(
             "kembed_inference_seconds",
             "Encoder time per batch.",
             ["lane"],
             buckets=_INFERENCE_BUCKETS,
-            registry=r,
         )
-        self.batch_splits = Counter(
+        self.batch_splits = self._counter(
             "kembed_batch_splits",
             "Batches that failed and were split in two halves to retry, by lane and reason "
             "(out_of_memory or error).",
             ["lane", "reason"],
-            registry=r,
         )
-        self.effective_batch_tokens = Gauge(
+        self.effective_batch_tokens = self._gauge(
             "kembed_effective_batch_tokens",
             "Token budget batches are cut at now: max_batch_tokens, or less for a while "
             "after a batch ran out of memory.",
             ["model", "lane"],
-            registry=r,
         )
-        self.latency_seconds = Histogram(
+        self.latency_seconds = self._histogram(
             "kembed_request_latency_seconds",
             "End to end: from the request's record timestamp (the broker's append time on "
             "LogAppendTime topics, as planned) to the broker's acknowledgement of its answer.",
             ["lane"],
             buckets=_WAIT_BUCKETS,
-            registry=r,
         )
-        self.inflight_inputs = Gauge(
+        self.inflight_inputs = self._gauge(
             "kembed_inflight_inputs",
             "Inputs accepted and not yet answered.",
             ["lane"],
-            registry=r,
         )
-        self.inflight_tokens = Gauge(
+        self.inflight_tokens = self._gauge(
             "kembed_inflight_tokens",
             "Tokens of inputs accepted and not yet answered.",
             ["lane"],
-            registry=r,
         )
-        self.consumer_lag = Gauge(
+        self.consumer_lag = self._gauge(
             "kembed_consumer_lag",
             "Messages in an assigned partition not yet fetched (high watermark - position).",
             ["topic", "partition"],
-            registry=r,
         )
-        self.backlog_tokens = Gauge(
+        self.backlog_tokens = self._gauge(
             "kembed_backlog_tokens",
             "Estimated tokens of work waiting for this worker: lag x the average tokens "
             "per request seen, plus the tokens in flight. Sum over workers to autoscale.",
             ["lane"],
-            registry=r,
         )
-        self.dlq_messages = Counter(
+        self.dlq_messages = self._counter(
             "kembed_dlq_messages",
             "Messages written to the dead-letter topic, by reason code.",
             ["code"],
-            registry=r,
         )
-        self.publish_retries = Counter(
+        self.publish_retries = self._counter(
             "kembed_publish_retries",
             "Publish attempts that failed transiently and were retried.",
-            registry=r,
         )
-        self.model_load_seconds = Gauge(
-            "kembed_model_load_seconds", "Time taken to load the model.", registry=r
+        self.model_load_seconds = self._gauge(
+            "kembed_model_load_seconds", "Time taken to load the model."
         )
-        self.warmup_seconds = Gauge(
+        self.warmup_seconds = self._gauge(
             "kembed_warmup_seconds",
             "Time taken to warm the model up (and compile it, when compiled).",
-            registry=r,
         )
-        self.encoder_phase = Gauge(
+        self.encoder_phase = self._gauge(
             "kembed_encoder_phase",
             "1 for each model's current encoder phase: tuning (serving a safe variant while "
             "measuring and compiling the others), eager or compiled (what it serves).",
             ["model", "phase"],
-            registry=r,
         )
-        self.tuning_texts_per_second = Gauge(
+        self.tuning_texts_per_second = self._gauge(
             "kembed_tuning_texts_per_second",
             "Texts/s each candidate variant (dtype/eager|compiled) reached when measured at "
             "start-up.",
             ["model", "candidate"],
-            registry=r,
         )
-        self.paused_partitions = Gauge(
+        self.paused_partitions = self._gauge(
             "kembed_paused_partitions",
             "Partitions paused by backpressure.",
             ["lane"],
-            registry=r,
         )
-        self.cache_hits = Counter(
+        self.cache_hits = self._counter(
             "kembed_cache_hits",
             "Inputs answered from the vector cache (no tokenizer, no encoder), by model.",
             ["model"],
-            registry=r,
         )
-        self.cache_misses = Counter(
+        self.cache_misses = self._counter(
             "kembed_cache_misses",
             "Inputs looked up in the vector cache and not found (encoded), by model.",
             ["model"],
-            registry=r,
         )
-        self.cache_evictions = Counter(
+        self.cache_evictions = self._counter(
             "kembed_cache_evictions",
             "Vector cache entries dropped to stay within cache_bytes (least recently used "
             "first), by model.",
             ["model"],
-            registry=r,
         )
-        self.cache_bytes = Gauge(
+        self.cache_bytes = self._gauge(
             "kembed_cache_bytes",
             "Memory held by the vector cache's entries (keys, vectors, bookkeeping), by model.",
             ["model"],
-            registry=r,
         )
-        self.cache_entries = Gauge(
-            "kembed_cache_entries", "Vectors in the vector cache, by model.", ["model"], registry=r
+        self.cache_entries = self._gauge(
+            "kembed_cache_entries", "Vectors in the vector cache, by model.", ["model"]
         )
-        self.cache_write_drops = Counter(
+        self.cache_write_drops = self._counter(
             "kembed_cache_write_drops",
             "Vector cache changes (entries added, used or evicted) that never reached the "
             "persisted file, by reason: queue_full (the writer was behind by more than its "
             "queue holds) or write_failed (the transaction failed: disk full, a lock).",
             ["reason"],
-            registry=r,
         )
         for reason in ("queue_full", "write_failed"):
             self.cache_write_drops.labels(reason)
-        self.ready = Gauge(
-            "kembed_ready", "1 when the worker is ready (the /ready endpoint).", registry=r
+        self.ready = self._gauge(
+            "kembed_ready", "1 when the worker is ready (the /ready endpoint)."
         )
-
-    def exposition(self) -> bytes:
-        """The registry in the Prometheus text format."""
-        return generate_latest(self.registry)
 
 
 #: The metric families a scrape exposes (counters with their ``_total`` samples).

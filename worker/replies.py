@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import structlog
 
 from kembed_shared import backoff
+from kembed_shared.observability.logging import record_fields
 from kembed_shared.ports import Publisher, PublishError, Record
+from kembed_shared.publish_retry import retry_publish
 from schemas.headers import dead_letter_headers
 from worker.publish import result_headers
 
@@ -93,7 +95,7 @@ class Replier:
                 # The DLQ refuses the original bytes for good (too large for the topic):
                 # record where it was and why, without them, rather than stall the
                 # partition on a message that can never be copied.
-                log.warning("dead_letter.value_omitted", reason=exc.reason, **_where(record))
+                log.warning("dead_letter.value_omitted", reason=exc.reason, **record_fields(record))
                 omitted = f"{message} (value of {len(record.value)} bytes omitted: {exc.reason})"
                 await self._send(
                     self._dlq_topic,
@@ -142,7 +144,11 @@ def answer_failed(
         on_fatal(exc)
         return False
     log.warning(
-        "publish.failed", request_id=reply.id, reply_to=topic, reason=exc.reason, **_where(record)
+        "publish.failed",
+        request_id=reply.id,
+        reply_to=topic,
+        reason=exc.reason,
+        **record_fields(record),
     )
     return True
 
@@ -152,14 +158,9 @@ def dead_letter_failed(
 ) -> bool:
     """``record`` could not be dead-lettered: log it, report it as fatal (nothing may be
     committed past it), and return False (not handled)."""
-    log.error("dead_letter.failed", reason=exc.reason, **_where(record))
+    log.error("dead_letter.failed", reason=exc.reason, **record_fields(record))
     on_fatal(exc)
     return False
-
-
-def _where(record: Record) -> dict[str, object]:
-    """The log fields that say which record an event is about."""
-    return {"topic": record.topic, "partition": record.partition, "offset": record.offset}
 
 
 async def retry_transient(
@@ -177,11 +178,6 @@ async def retry_transient(
         log.warning("publish.retrying", topic=topic, reason=exc.reason, delay_s=delay)
         on_retry()
 
-    await backoff.retry(
-        attempt,
-        errors=PublishError,
-        delays=backoff.doubling(0.05, 2.0),
-        retry_for_s=retry_for_s,
-        retriable=lambda exc: exc.retriable,
-        on_retry=retrying,
+    await retry_publish(
+        attempt, delays=backoff.doubling(0.05, 2.0), retry_for_s=retry_for_s, on_retry=retrying
     )

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import structlog
 from pydantic import SecretBytes, SecretStr
 
-__all__ = ["configure_logging", "redacted"]
+from kembed_shared.ports import Record, TopicPartition
+
+__all__ = ["configure_logging", "partition_names", "record_fields", "redacted"]
 
 _SECRET_WORDS = ("password", "secret", "credential")
 
@@ -71,3 +73,13 @@ def redacted(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 def _secret(name: str, value: object) -> bool:
     return isinstance(value, SecretStr | SecretBytes) or any(w in name for w in _SECRET_WORDS)
+
+
+def record_fields(record: Record) -> dict[str, Any]:
+    """The log fields that say which record an event is about."""
+    return {"topic": record.topic, "partition": record.partition, "offset": record.offset}
+
+
+def partition_names(partitions: Iterable[TopicPartition]) -> list[str]:
+    """Partitions as a log field: ``topic-partition`` names, sorted."""
+    return sorted(f"{topic}-{partition}" for topic, partition in partitions)

@@ -19,7 +19,9 @@ from kembed_shared.kafka.commit_errors import FatalCommitError
 from kembed_shared.observability.probes import Probes
 from kembed_shared.ports import KafkaAccessError, PublishError, Record, TopicPartition
 from schemas.headers import CORRELATION_ID, DLQ_ERROR_CODE, DLQ_ERROR_MESSAGE, LANE
-from worker.delivery import AtLeastOnce, ExactlyOnce, TransactionError, make_delivery
+from worker.at_least_once import AtLeastOnce
+from worker.delivery import make_delivery
+from worker.exactly_once import ExactlyOnce, TransactionError
 from worker.offsets import OffsetTracker
 from worker.replies import ReplyTo
 from worker.settings import WorkerSettings

@@ -305,7 +305,7 @@ class _Source:
 
 
 def _exactly_once(producer: _Transactions, retry_for_s: float) -> tuple[Any, list[Any]]:
-    from worker.delivery import ExactlyOnce
+    from worker.exactly_once import ExactlyOnce
     from worker.offsets import OffsetTracker
 
     fatal: list[BaseException] = []
