@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from kembed_shared.observability.logging import record_fields
 from schemas import ErrorCode, ErrorInfo
 from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler, TokenBudget
 from worker.cache import VectorCache
@@ -155,9 +156,7 @@ class Batches:
                 log.info(
                     "request.deadline_exceeded",
                     request_id=job.request.id,
-                    topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
+                    **record_fields(record),
                 )
                 self._settlement.settle(
                     job, ErrorInfo(ErrorCode.DEADLINE_EXCEEDED, _EXPIRED_QUEUED)
@@ -279,9 +278,7 @@ class Batches:
                 index=item.index,
                 reason=reason,
                 error=type(error).__name__,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
+                **record_fields(record),
             )
             message = "inference failed" + (" (out of memory)" if oom else "")
             index = kind_of(job.model).error_index(job.request, item.index)

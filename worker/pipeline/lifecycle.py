@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
 
+from kembed_shared.observability.logging import partition_names
 from kembed_shared.ports import Publisher, Source, TopicPartition, TransactionalPublisher
 from worker.batcher import LaneScheduler
 from worker.cache import VectorCache
@@ -161,7 +162,7 @@ class Pipeline:
             self._admission.tokenize_thread.shutdown(wait=False, cancel_futures=True)
 
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
-        log.info("partitions.assigned", partitions=_names(partitions))
+        log.info("partitions.assigned", partitions=partition_names(partitions))
         paused = {tp for tp in partitions if self._inflight.is_paused(self._inflight.lane(tp[0]))}
         if paused:
             self._source.pause(paused)
@@ -172,7 +173,7 @@ class Pipeline:
         await self._delivery.commit(partitions)
         self._delivery.forget(partitions)
         if partitions:
-            log.info("partitions.revoked", partitions=_names(partitions), drained=drained)
+            log.info("partitions.revoked", partitions=partition_names(partitions), drained=drained)
 
     async def _wait_answered(self, partitions: set[TopicPartition] | None, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -189,7 +190,3 @@ class Pipeline:
     def _fail_worker(self, error: BaseException) -> None:
         if not self._failure.done():
             self._failure.set_exception(error)
-
-
-def _names(partitions: Iterable[TopicPartition]) -> list[str]:
-    return sorted(f"{topic}-{partition}" for topic, partition in partitions)

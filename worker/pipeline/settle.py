@@ -8,6 +8,7 @@ import time
 
 import structlog
 
+from kembed_shared.observability.logging import record_fields
 from kembed_shared.ports import Record
 from schemas import ErrorInfo
 from worker.decode import Limits, Rejected
@@ -80,9 +81,7 @@ class Settlement:
             request_id=rejected.request_id,
             code=str(rejected.error.code),
             index=rejected.error.index,
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
+            **record_fields(record),
         )
         value = encode_error(rejected.request_id, rejected.error, rejected.keys, rejected.meta)
         lane = self._inflight.lane(record.topic)
@@ -98,9 +97,7 @@ class Settlement:
             "request.dead_lettered",
             code=code,
             reason=message,
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
+            **record_fields(record),
         )
         self._tasks.spawn(self._dead_letter(record, code, message))
 
@@ -124,9 +121,7 @@ class Settlement:
                 "request.answered",
                 request_id=reply.id,
                 inputs=inputs,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
+                **record_fields(record),
             )
             self._inflight.answered(lane, inputs)
             m = self._metrics
