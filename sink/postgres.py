@@ -34,24 +34,24 @@ connection, ``ON COMMIT DELETE ROWS``) is empty outside a transaction.
 
 A table made by an older sink is migrated at start-up: ``requested_ms`` (0 for its rows),
 then ``doc_key`` and ``chunk_index`` from its ids and metadata, and the documents table
-from its rows. Failures are classified by SQLSTATE class (``_REFUSED``, ``_TRANSIENT``,
-``_FATAL``).
+from its rows. Failures are classified by SQLSTATE class (``sink.postgres_errors``).
 """
 
 from __future__ import annotations
 
-import json
-import struct
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
-import numpy as np
 import psycopg
 import structlog
 from psycopg import sql
 
+from sink.postgres_copy import copy_data
+from sink.postgres_documents import by_document
+from sink.postgres_documents import documents as batch_documents
+from sink.postgres_errors import FATAL, REFUSED, TRANSIENT, severity
 from sink.rows import Row, newest
 from sink.store import (
     DimensionMismatchError,
@@ -86,33 +86,6 @@ operator class once the load is done."""
 _STAGING = "kembed_sink_staging"
 """The temporary table a batch is copied into (in the connection's own pg_temp schema)."""
 
-# PostgreSQL's binary COPY format: a signature, flags and header-extension length; each
-# row a field count, then each field's byte length and bytes; -1 as the trailer.
-_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
-_COPY_TRAILER = struct.pack(">h", -1)
-_FIELDS = struct.pack(">h", 5)  # id, vector, metadata, model, requested_ms
-_FIELDS_IDENTITY = struct.pack(">h", 7)  # the same, then doc_key, chunk_index (or NULL)
-_NULL = struct.pack(">i", -1)
-_BIGINT = struct.pack(">i", 8)
-_JSONB_VERSION = b"\x01"  # jsonb's binary form: a version byte, then the JSON text
-# Write failures by SQLSTATE class (its first two characters). Refused: the data cannot be
-# written, ever (the result goes to the dead-letter topic with this code, the next ones are
-# written). Transient: connection (08), resources (53: retried for write_retry_s, then the
-# sink exits), operator intervention such as a shutdown (57), system errors (58) and
-# transaction rollbacks, serialization failures and deadlocks (40). Anything else, and the
-# states in _FATAL, is the target's configuration: the sink exits with status 2.
-_REFUSED = {
-    "22": "invalid_value",  # data exception: a value the column or type cannot hold
-    "23": "constraint_violation",  # integrity: a constraint of the table refuses the row
-    "42": "statement_refused",  # syntax or access rule, for this data
-    "54": "limit_exceeded",  # program limit: an index row, a value, too large
-}
-_TRANSIENT = {"08", "40", "53", "57", "58"}
-_FATAL = {
-    "42501": "not allowed to write the table",
-    "42P01": "the table is gone",
-    "42703": "the table lacks a column",
-}
 MIN_WRITER_ROWS = 256
 """A batch is split between writers only into parts of at least this many rows."""
 
@@ -463,7 +436,7 @@ class PostgresStore:
         if parts == 1:
             self._write(0, unique)
             return
-        shares = _by_document(unique, parts)
+        shares = by_document(unique, parts)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(len(self._extra), thread_name_prefix="kembed-pg")
         futures: list[Future[None]] = [
@@ -481,7 +454,7 @@ class PostgresStore:
         # Anything unexpected first (fatal), then a transient failure (all is retried),
         # then refused rows (the sink looks for the culprit): every part is idempotent.
         if errors:
-            errors.sort(key=_severity)
+            errors.sort(key=severity)
             raise errors[0]
 
     def _write(self, writer: int, rows: Sequence[Row]) -> None:
@@ -530,7 +503,7 @@ class PostgresStore:
             "COPY {staging} (id, vector, metadata, model, requested_ms, doc_key, chunk_index) "
             "FROM STDIN WITH (FORMAT BINARY)"
         ).format(staging=sql.Identifier(_STAGING))
-        documents = _documents(rows)
+        documents = batch_documents(rows)
         data = copy_data(rows, identity=True)
         try:
             conn = self._writer_connection(writer)
@@ -552,17 +525,17 @@ class PostgresStore:
             raise self._classified(writer, exc) from None
 
     def _classified(self, writer: int, exc: psycopg.Error) -> Exception:
-        """The store's error for a failed write, by SQLSTATE class (see ``_REFUSED``)."""
+        """The store's error for a failed write, by SQLSTATE class (``sink.postgres_errors``)."""
         state = exc.sqlstate or ""
-        refused = _REFUSED.get(state[:2])
+        refused = REFUSED.get(state[:2])
         if refused is None and not state and isinstance(exc, psycopg.DataError):
-            refused = _REFUSED["22"]  # refused by psycopg itself, before the server
-        if state in _FATAL:
-            return TargetError(self._describe(_FATAL[state], exc))
+            refused = REFUSED["22"]  # refused by psycopg itself, before the server
+        if state in FATAL:
+            return TargetError(self._describe(FATAL[state], exc))
         if refused is not None:
             return RowsRefusedError(self._describe("rows refused", exc), code=refused)
         lost = isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
-        if state[:2] in _TRANSIENT or (lost and not state):
+        if state[:2] in TRANSIENT or (lost and not state):
             self._close_writer(writer)  # reconnect on the next try
             return TransientWriteError(self._describe("write failed", exc))
         return TargetError(self._describe("write failed", exc))
@@ -586,85 +559,3 @@ class PostgresStore:
     def _describe(self, what: str, exc: BaseException) -> str:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return scrub(f"{what} ({self._spec.display}): {type(exc).__name__}: {detail}", self._spec)
-
-
-def _severity(error: BaseException) -> int:
-    if isinstance(error, RowsRefusedError):
-        return 2
-    return 1 if isinstance(error, TransientWriteError) else 0
-
-
-class _Documents(dict[str, tuple[int, str, int | None]]):
-    """The documents of a batch: doc_key -> (its version: requested_ms and request id,
-    its chunk count; None for a row per input)."""
-
-    def columns(self) -> tuple[list[str], list[int], list[str], list[int | None]]:
-        keys = sorted(self)
-        return (
-            keys,
-            [self[k][0] for k in keys],
-            [self[k][1] for k in keys],
-            [self[k][2] for k in keys],
-        )
-
-
-def _documents(rows: Sequence[Row]) -> _Documents:
-    """Each document of ``rows`` (of one version each, after ``newest``)."""
-    docs = _Documents()
-    for row in rows:
-        chunks = row.chunks if row.chunk_index is not None else None
-        docs[row.document] = (row.requested_ms, row.request_id, chunks)
-    return docs
-
-
-def _by_document(rows: Sequence[Row], parts: int) -> list[list[Row]]:
-    """``rows`` in ``parts`` shares of about equal size, each document's rows in one."""
-    by_doc: dict[str, list[Row]] = {}
-    for row in rows:
-        by_doc.setdefault(row.document, []).append(row)
-    size = -(-len(rows) // parts)
-    shares: list[list[Row]] = [[] for _ in range(parts)]
-    share = 0
-    for doc_rows in by_doc.values():
-        if len(shares[share]) >= size and share < parts - 1:
-            share += 1
-        shares[share].extend(doc_rows)
-    return shares
-
-
-def copy_data(rows: Sequence[Row], *, identity: bool = False) -> bytes:
-    """``rows`` in PostgreSQL's binary COPY format, for the columns (id text, vector
-    vector, metadata jsonb, model text, requested_ms bigint), then (``identity``) doc_key
-    text and chunk_index integer (NULL for a row per input). A vector is pgvector's binary
-    form: its dimension and a zero (two int16), then its float32 values, all big-endian;
-    the values are the row's float32 values bit for bit."""
-    parts = [_COPY_HEADER]
-    append = parts.append
-    pack_len = struct.Struct(">i").pack
-    pack_bigint = struct.Struct(">q").pack
-    pack_int = struct.Struct(">ii").pack
-    pack_dim = struct.Struct(">ihh").pack
-    for row in rows:
-        key = row.id.encode("utf-8")
-        values = np.ascontiguousarray(row.vector, dtype=">f4").tobytes()
-        metadata = _JSONB_VERSION + json.dumps(row.metadata).encode("utf-8")
-        model = row.model.encode("utf-8")
-        dim = len(values) // 4
-        append(_FIELDS_IDENTITY if identity else _FIELDS)
-        append(pack_len(len(key)))
-        append(key)
-        append(pack_dim(4 + len(values), dim, 0))
-        append(values)
-        append(pack_len(len(metadata)))
-        append(metadata)
-        append(pack_len(len(model)))
-        append(model)
-        append(_BIGINT)
-        append(pack_bigint(row.requested_ms))
-        if identity:
-            document = row.document.encode("utf-8")
-            append(pack_len(len(document)))
-            append(document)
-            append(_NULL if row.chunk_index is None else pack_int(4, row.chunk_index))
-    append(_COPY_TRAILER)
-    return b"".join(parts)
