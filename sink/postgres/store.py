@@ -34,7 +34,7 @@ connection, ``ON COMMIT DELETE ROWS``) is empty outside a transaction.
 
 A table made by an older sink is migrated at start-up: ``requested_ms`` (0 for its rows),
 then ``doc_key`` and ``chunk_index`` from its ids and metadata, and the documents table
-from its rows. Failures are classified by SQLSTATE class (``sink.postgres_errors``).
+from its rows. Failures are classified by SQLSTATE class (``sink.postgres.errors``).
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ import psycopg
 import structlog
 from psycopg import sql
 
-from sink.postgres_copy import copy_data
-from sink.postgres_documents import by_document
-from sink.postgres_documents import documents as batch_documents
-from sink.postgres_errors import FATAL, REFUSED, TRANSIENT, severity
-from sink.postgres_schema import SCHEMA_LOCK, PostgresSchema
+from sink.postgres.copy import copy_data
+from sink.postgres.documents import by_document
+from sink.postgres.documents import documents as batch_documents
+from sink.postgres.errors import FATAL, REFUSED, TRANSIENT, severity
+from sink.postgres.schema import SCHEMA_LOCK, PostgresSchema
 from sink.rows import Row, newest
 from sink.store import (
     Metric,
@@ -62,7 +62,7 @@ from sink.store import (
 )
 from sink.targets import TargetSpec, scrub
 
-__all__ = ["PostgresStore", "copy_data"]
+__all__ = ["PostgresStore"]
 
 log = structlog.get_logger("kembed.sink")
 
@@ -325,7 +325,7 @@ class PostgresStore:
             raise self._classified(writer, exc) from None
 
     def _classified(self, writer: int, exc: psycopg.Error) -> Exception:
-        """The store's error for a failed write, by SQLSTATE class (``sink.postgres_errors``)."""
+        """The store's error for a failed write, by SQLSTATE class (``sink.postgres.errors``)."""
         state = exc.sqlstate or ""
         refused = REFUSED.get(state[:2])
         if refused is None and not state and isinstance(exc, psycopg.DataError):
