@@ -44,6 +44,7 @@ from kembed_shared.ports import (
 from kembed_shared.settings import KafkaClientSettings
 from schemas.headers import CORRELATION_ID, LANE, LANE_BULK, dead_letter_headers
 from sink.metrics import SinkMetrics
+from sink.registry import make_store
 from sink.rows import DIMENSION_MISMATCH, Refused, Row, RowsOf, newest, rows_of
 from sink.settings import SinkSettings
 from sink.store import (
@@ -56,7 +57,7 @@ from sink.store import (
     VectorStore,
 )
 
-__all__ = ["Sink", "make_store", "run_sink"]
+__all__ = ["Sink", "run_sink"]
 
 log = structlog.get_logger("kembed.sink")
 
@@ -90,31 +91,6 @@ def _not_bulk(record: Record) -> Refused | None:
         "to a bulk topic only",
         request_id=request_id,
     )
-
-
-def make_store(settings: SinkSettings) -> VectorStore:
-    """The store the target URI names."""
-    spec = settings.target_spec()
-    options: dict[str, Any] = {
-        "connect_timeout_s": settings.connect_timeout_s,
-        "hnsw_m": settings.hnsw_m,
-        "hnsw_ef_construction": settings.hnsw_ef_construction,
-    }
-    if spec.kind == "postgres":
-        from sink.postgres import PostgresStore
-
-        return PostgresStore(
-            spec,
-            settings.table,
-            writers=settings.writers,
-            index=settings.index,
-            index_build_memory_mb=settings.index_build_memory_mb,
-            index_build_workers=settings.index_build_workers,
-            **options,
-        )
-    from sink.milvus import MilvusStore
-
-    return MilvusStore(spec, settings.table, **options)
 
 
 async def run_sink(settings: SinkSettings, kafka: KafkaClientSettings) -> None:

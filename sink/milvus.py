@@ -47,6 +47,7 @@ from pymilvus.exceptions import (
 )
 
 from sink.rows import MAX_ID_BYTES, Row, newest
+from sink.settings import SinkSettings
 from sink.store import (
     DimensionMismatchError,
     Metric,
@@ -90,6 +91,17 @@ class MilvusStore:
         self._client: Any = None
         self._versioned = True
         self._identity = True
+
+    @classmethod
+    def from_settings(cls, spec: TargetSpec, settings: SinkSettings) -> MilvusStore:
+        """The store for ``spec`` with the sink's options."""
+        return cls(
+            spec,
+            settings.table,
+            connect_timeout_s=settings.connect_timeout_s,
+            hnsw_m=settings.hnsw_m,
+            hnsw_ef_construction=settings.hnsw_ef_construction,
+        )
 
     @property
     def name(self) -> str:

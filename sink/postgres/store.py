@@ -54,6 +54,7 @@ from sink.postgres.documents import documents as batch_documents
 from sink.postgres.errors import FATAL, REFUSED, TRANSIENT, severity
 from sink.postgres.schema import SCHEMA_LOCK, PostgresSchema
 from sink.rows import Row, newest
+from sink.settings import SinkSettings
 from sink.store import (
     Metric,
     RowsRefusedError,
@@ -108,6 +109,21 @@ class PostgresStore:
         self._extra: list[psycopg.Connection[Any] | None] = [None] * (writers - 1)
         self._staging_on: dict[int, psycopg.Connection[Any]] = {}  # writer: its staging's
         self._pool: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def from_settings(cls, spec: TargetSpec, settings: SinkSettings) -> PostgresStore:
+        """The store for ``spec`` with the sink's options."""
+        return cls(
+            spec,
+            settings.table,
+            connect_timeout_s=settings.connect_timeout_s,
+            hnsw_m=settings.hnsw_m,
+            hnsw_ef_construction=settings.hnsw_ef_construction,
+            writers=settings.writers,
+            index=settings.index,
+            index_build_memory_mb=settings.index_build_memory_mb,
+            index_build_workers=settings.index_build_workers,
+        )
 
     @property
     def name(self) -> str:
