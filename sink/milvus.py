@@ -95,13 +95,7 @@ class MilvusStore:
     @classmethod
     def from_settings(cls, spec: TargetSpec, settings: SinkSettings) -> MilvusStore:
         """The store for ``spec`` with the sink's options."""
-        return cls(
-            spec,
-            settings.table,
-            connect_timeout_s=settings.connect_timeout_s,
-            hnsw_m=settings.hnsw_m,
-            hnsw_ef_construction=settings.hnsw_ef_construction,
-        )
+        return cls(spec, settings.table, **settings.store_options())
 
     @property
     def name(self) -> str:

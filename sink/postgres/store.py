@@ -116,13 +116,11 @@ class PostgresStore:
         return cls(
             spec,
             settings.table,
-            connect_timeout_s=settings.connect_timeout_s,
-            hnsw_m=settings.hnsw_m,
-            hnsw_ef_construction=settings.hnsw_ef_construction,
             writers=settings.writers,
             index=settings.index,
             index_build_memory_mb=settings.index_build_memory_mb,
             index_build_workers=settings.index_build_workers,
+            **settings.store_options(),
         )
 
     @property
