@@ -47,6 +47,7 @@ from pymilvus.exceptions import (
 )
 
 from sink.rows import MAX_ID_BYTES, Row, newest
+from sink.settings import SinkSettings
 from sink.store import (
     DimensionMismatchError,
     Metric,
@@ -90,6 +91,11 @@ class MilvusStore:
         self._client: Any = None
         self._versioned = True
         self._identity = True
+
+    @classmethod
+    def from_settings(cls, spec: TargetSpec, settings: SinkSettings) -> MilvusStore:
+        """The store for ``spec`` with the sink's options."""
+        return cls(spec, settings.table, **settings.store_options())
 
     @property
     def name(self) -> str:

@@ -10,7 +10,7 @@ fields the worker has too are declared with :mod:`kembed_shared.service_fields`.
 from __future__ import annotations
 
 import re
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -175,6 +175,14 @@ class SinkSettings(BaseSettings):
     def target_spec(self) -> TargetSpec:
         """The parsed target (kind, redacted URI, credentials)."""
         return parse_target(self.target, self.target_password)
+
+    def store_options(self) -> dict[str, Any]:
+        """The options every store takes (connection timeout, HNSW build parameters)."""
+        return {
+            "connect_timeout_s": self.connect_timeout_s,
+            "hnsw_m": self.hnsw_m,
+            "hnsw_ef_construction": self.hnsw_ef_construction,
+        }
 
     def resolved_dlq_topic(self) -> str:
         return self.dlq_topic or f"{self.results_topic}.dlq"

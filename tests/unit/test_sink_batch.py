@@ -31,7 +31,7 @@ from schemas.headers import (
     LANE,
 )
 from sink import app as sink_app
-from sink.app import Sink
+from sink.consumer import Sink
 from sink.metrics import SinkMetrics
 from sink.rows import Row
 from sink.settings import SinkSettings

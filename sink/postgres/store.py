@@ -34,27 +34,28 @@ connection, ``ON COMMIT DELETE ROWS``) is empty outside a transaction.
 
 A table made by an older sink is migrated at start-up: ``requested_ms`` (0 for its rows),
 then ``doc_key`` and ``chunk_index`` from its ids and metadata, and the documents table
-from its rows. Failures are classified by SQLSTATE class (``_REFUSED``, ``_TRANSIENT``,
-``_FATAL``).
+from its rows. Failures are classified by SQLSTATE class (``sink.postgres.errors``).
 """
 
 from __future__ import annotations
 
-import json
-import struct
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
-import numpy as np
 import psycopg
 import structlog
 from psycopg import sql
 
+from sink.postgres.copy import copy_data
+from sink.postgres.documents import by_document
+from sink.postgres.documents import documents as batch_documents
+from sink.postgres.errors import FATAL, REFUSED, TRANSIENT, severity
+from sink.postgres.schema import SCHEMA_LOCK, PostgresSchema
 from sink.rows import Row, newest
+from sink.settings import SinkSettings
 from sink.store import (
-    DimensionMismatchError,
     Metric,
     RowsRefusedError,
     TargetError,
@@ -62,57 +63,13 @@ from sink.store import (
 )
 from sink.targets import TargetSpec, scrub
 
-__all__ = ["HNSW_MAX_DIM", "PostgresStore", "copy_data"]
+__all__ = ["PostgresStore"]
 
 log = structlog.get_logger("kembed.sink")
 
-HNSW_MAX_DIM = 2000
-"""pgvector indexes ``vector`` columns of at most 2,000 dimensions with HNSW."""
-
-_OPS: dict[Metric, str] = {
-    "inner_product": "vector_ip_ops",
-    "cosine": "vector_cosine_ops",
-    "l2": "vector_l2_ops",
-}
-_COLUMNS = {"id", "vector", "metadata", "model", "updated_at"}
-_PENDING = "kembed: hnsw index pending, "
-# Sinks that start together on one database (replicas of a Deployment) set up the schema
-# one at a time: concurrent CREATE EXTENSION / CREATE TABLE IF NOT EXISTS of one name
-# collide on PostgreSQL's catalog indexes (UniqueViolation) instead of skipping. The lock
-# is held until the set-up transaction ends; the next sink then finds everything there.
-_SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(hashtext('kembed-sink schema set-up'))"
-"""A table comment: bulk mode created the table without its index, to build with this
-operator class once the load is done."""
 _STAGING = "kembed_sink_staging"
 """The temporary table a batch is copied into (in the connection's own pg_temp schema)."""
 
-# PostgreSQL's binary COPY format: a signature, flags and header-extension length; each
-# row a field count, then each field's byte length and bytes; -1 as the trailer.
-_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
-_COPY_TRAILER = struct.pack(">h", -1)
-_FIELDS = struct.pack(">h", 5)  # id, vector, metadata, model, requested_ms
-_FIELDS_IDENTITY = struct.pack(">h", 7)  # the same, then doc_key, chunk_index (or NULL)
-_NULL = struct.pack(">i", -1)
-_BIGINT = struct.pack(">i", 8)
-_JSONB_VERSION = b"\x01"  # jsonb's binary form: a version byte, then the JSON text
-# Write failures by SQLSTATE class (its first two characters). Refused: the data cannot be
-# written, ever (the result goes to the dead-letter topic with this code, the next ones are
-# written). Transient: connection (08), resources (53: retried for write_retry_s, then the
-# sink exits), operator intervention such as a shutdown (57), system errors (58) and
-# transaction rollbacks, serialization failures and deadlocks (40). Anything else, and the
-# states in _FATAL, is the target's configuration: the sink exits with status 2.
-_REFUSED = {
-    "22": "invalid_value",  # data exception: a value the column or type cannot hold
-    "23": "constraint_violation",  # integrity: a constraint of the table refuses the row
-    "42": "statement_refused",  # syntax or access rule, for this data
-    "54": "limit_exceeded",  # program limit: an index row, a value, too large
-}
-_TRANSIENT = {"08", "40", "53", "57", "58"}
-_FATAL = {
-    "42501": "not allowed to write the table",
-    "42P01": "the table is gone",
-    "42703": "the table lacks a column",
-}
 MIN_WRITER_ROWS = 256
 """A batch is split between writers only into parts of at least this many rows."""
 
@@ -137,8 +94,12 @@ class PostgresStore:
         self._table_name = table
         self._table = sql.Identifier(*table.split("."))
         self._connect_timeout_s = connect_timeout_s
-        self._hnsw = (hnsw_m, hnsw_ef_construction)
-        self._index_after = index == "after"
+        self._schema = PostgresSchema(
+            table,
+            hnsw_m=hnsw_m,
+            hnsw_ef_construction=hnsw_ef_construction,
+            index_after=index == "after",
+        )
         self._build_settings = {
             "maintenance_work_mem": f"{index_build_memory_mb}MB",
             "max_parallel_maintenance_workers": str(index_build_workers),
@@ -148,6 +109,19 @@ class PostgresStore:
         self._extra: list[psycopg.Connection[Any] | None] = [None] * (writers - 1)
         self._staging_on: dict[int, psycopg.Connection[Any]] = {}  # writer: its staging's
         self._pool: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def from_settings(cls, spec: TargetSpec, settings: SinkSettings) -> PostgresStore:
+        """The store for ``spec`` with the sink's options."""
+        return cls(
+            spec,
+            settings.table,
+            writers=settings.writers,
+            index=settings.index,
+            index_build_memory_mb=settings.index_build_memory_mb,
+            index_build_workers=settings.index_build_workers,
+            **settings.store_options(),
+        )
 
     @property
     def name(self) -> str:
@@ -215,7 +189,7 @@ class PostgresStore:
             return
         try:
             with conn.transaction():
-                conn.execute(_SCHEMA_LOCK)
+                conn.execute(SCHEMA_LOCK)
                 conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         except psycopg.errors.InsufficientPrivilege:
             raise TargetError(
@@ -231,201 +205,17 @@ class PostgresStore:
     # ------------------------------------------------------------------ the table
 
     def table_dim(self) -> int | None:
-        conn = self._connection()
-        regclass = self._table.as_string(conn)
-        if conn.execute("SELECT to_regclass(%s)", [regclass]).fetchone() == (None,):
-            return None
-        columns = {
-            name: (typname, typmod)
-            for name, typname, typmod in conn.execute(
-                "SELECT a.attname, t.typname, a.atttypmod FROM pg_attribute a "
-                "JOIN pg_type t ON t.oid = a.atttypid "
-                "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped",
-                [regclass],
-            ).fetchall()
-        }
-        missing = _COLUMNS - columns.keys()
-        if missing:
-            raise TargetError(
-                f"table {self._table_name!r} exists but lacks the column(s) "
-                f"{', '.join(sorted(missing))}: it was not made by kembed sink; use another "
-                "table"
-            )
-        typname, typmod = columns["vector"]
-        if typname != "vector" or typmod <= 0:
-            raise TargetError(
-                f"table {self._table_name!r}: column vector is {typname}, not vector(N)"
-            )
-        dim: int = typmod
-        return dim
+        return self._schema.table_dim(self._connection())
 
     def create(self, dim: int, metric: Metric) -> None:
         conn = self._connection()
         with conn.transaction():
-            conn.execute(_SCHEMA_LOCK)
-            self._create_table(conn, dim, metric)
-
-    def _create_table(self, conn: psycopg.Connection[Any], dim: int, metric: Metric) -> None:
-        existing = self.table_dim()
-        if existing is not None:
-            if existing != dim:
-                raise DimensionMismatchError(self._table_name, existing, dim, "the results have")
-            with conn.transaction():  # a table made before rows had versions, or documents
-                self._migrate(conn)
-            return
-        with conn.transaction():
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {table} ("
-                    "id text PRIMARY KEY, "
-                    "vector vector({dim}) NOT NULL, "
-                    "metadata jsonb NOT NULL DEFAULT '{{}}'::jsonb, "
-                    "model text NOT NULL, "
-                    "requested_ms bigint NOT NULL DEFAULT 0, "
-                    "updated_at timestamptz NOT NULL DEFAULT now(), "
-                    "doc_key text NOT NULL, "
-                    "chunk_index integer)"
-                ).format(table=self._table, dim=sql.Literal(dim))
-            )
-            conn.execute(self._doc_index_statement())
-            conn.execute(self._documents_statement())
-            if dim <= HNSW_MAX_DIM and self._index_after:
-                # Bulk mode: the index is built once the load is done; the table says which.
-                conn.execute(
-                    sql.SQL("COMMENT ON TABLE {table} IS {note}").format(
-                        table=self._table, note=sql.Literal(_PENDING + _OPS[metric])
-                    )
-                )
-            elif dim <= HNSW_MAX_DIM:
-                conn.execute(self._index_statement(_OPS[metric]))
-        if dim > HNSW_MAX_DIM:
-            log.warning(
-                "sink.no_index",
-                table=self._table_name,
-                dim=dim,
-                reason=f"pgvector's HNSW indexes vector columns of up to {HNSW_MAX_DIM} "
-                "dimensions; queries will scan the table",
-            )
-        log.info(
-            "sink.table_created",
-            table=self._table_name,
-            dim=dim,
-            metric=metric,
-            index="after the load" if self._index_after else "hnsw",
-        )
-
-    def _migrate(self, conn: psycopg.Connection[Any]) -> None:
-        """Bring a table made by an older sink to this shape: ``requested_ms`` (0 for its
-        rows), the identity columns ``doc_key`` and ``chunk_index`` (filled in once: a row
-        whose id is ``{metadata.doc_key}#{metadata.chunk_index}`` is that chunk, any other
-        row its own document), their index, and the documents table (each document at its
-        rows' newest version). The former index on ``metadata->>'doc_key'`` is dropped."""
-        table = self._table
-        conn.execute(
-            sql.SQL(
-                "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "
-                "requested_ms bigint NOT NULL DEFAULT 0"
-            ).format(table=table)
-        )
-        regclass = table.as_string(conn)
-        has_identity = conn.execute(
-            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) "
-            "AND attname = 'doc_key' AND NOT attisdropped",
-            [regclass],
-        ).fetchone()
-        if not has_identity:
-            log.info("sink.table_migrating", table=self._table_name, to="documents")
-            conn.execute(
-                sql.SQL(
-                    "ALTER TABLE {table} ADD COLUMN doc_key text, ADD COLUMN chunk_index integer"
-                ).format(table=table)
-            )
-            chunk = (
-                "coalesce(jsonb_typeof(metadata->'chunk_index') = 'number' "
-                "AND (metadata->>'chunk_index') ~ '^[0-9]{1,9}$' AND metadata ? 'doc_key' "
-                "AND id = (metadata->>'doc_key') || '#' || (metadata->>'chunk_index'), false)"
-            )
-            conn.execute(
-                sql.SQL(
-                    "UPDATE {table} SET doc_key = CASE WHEN {chunk} THEN metadata->>'doc_key' "
-                    "ELSE id END, chunk_index = CASE WHEN {chunk} THEN "
-                    "(metadata->>'chunk_index')::integer END"
-                ).format(table=table, chunk=sql.SQL(chunk))
-            )
-            conn.execute(
-                sql.SQL("ALTER TABLE {table} ALTER COLUMN doc_key SET NOT NULL").format(table=table)
-            )
-            old_index = sql.Identifier(
-                *self._table_name.split(".")[:-1], f"{self._base_name()}_doc_key"[:63]
-            )
-            conn.execute(sql.SQL("DROP INDEX IF EXISTS {index}").format(index=old_index))
-        conn.execute(self._doc_index_statement())
-        conn.execute(self._documents_statement())
-        if not has_identity:
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {documents} (doc_key, requested_ms, request_id, chunks) "
-                    "SELECT doc_key, max(requested_ms), '', "
-                    "CASE WHEN bool_or(chunk_index IS NOT NULL) THEN count(*)::integer END "
-                    "FROM {table} GROUP BY doc_key ON CONFLICT (doc_key) DO NOTHING"
-                ).format(documents=self._documents_table, table=table)
-            )
-
-    def _base_name(self) -> str:
-        return self._table_name.split(".")[-1]
-
-    def _derived_name(self, suffix: str) -> str:
-        """A name made from the table's and ``suffix``, within PostgreSQL's 63 bytes (the
-        table's part is cut, so two suffixes never give one name)."""
-        base = self._base_name().encode("utf-8")[: 63 - len(suffix)]
-        return base.decode("utf-8", "ignore") + suffix
-
-    @property
-    def _documents_table(self) -> sql.Identifier:
-        """The documents table: one row per document key, its version and form."""
-        *schema, _ = self._table_name.split(".")
-        return sql.Identifier(*schema, self._derived_name("_documents"))
-
-    def _documents_statement(self) -> sql.Composed:
-        return sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {documents} (doc_key text PRIMARY KEY, "
-            "requested_ms bigint NOT NULL, request_id text NOT NULL, chunks integer)"
-        ).format(documents=self._documents_table)
-
-    def _index_statement(self, ops: str) -> sql.Composed:
-        m, ef_construction = self._hnsw
-        return sql.SQL(
-            "CREATE INDEX IF NOT EXISTS {index} ON {table} USING hnsw "
-            "(vector {ops}) WITH (m = {m}, ef_construction = {ef})"
-        ).format(
-            index=sql.Identifier(self._index_name()),
-            table=self._table,
-            ops=sql.SQL(ops),
-            m=sql.Literal(m),
-            ef=sql.Literal(ef_construction),
-        )
-
-    def _doc_index_statement(self) -> sql.Composed:
-        """The index that finds a document's rows (one, or a few chunks, per key)."""
-        name = self._derived_name("_doc_key_idx")
-        return sql.SQL("CREATE INDEX IF NOT EXISTS {index} ON {table} (doc_key)").format(
-            index=sql.Identifier(name), table=self._table
-        )
+            conn.execute(SCHEMA_LOCK)
+            self._schema.create_table(conn, dim, metric)
 
     def pending_index(self) -> str | None:
         """The operator class of the HNSW index a bulk load left to build, if any."""
-        conn = self._connection()
-        regclass = self._table.as_string(conn)
-        row = conn.execute(
-            "SELECT obj_description(to_regclass(%s), 'pg_class')", [regclass]
-        ).fetchone()
-        note = row[0] if row else None
-        if not isinstance(note, str) or not note.startswith(_PENDING):
-            return None
-        ops = note.removeprefix(_PENDING)
-        if ops not in _OPS.values():
-            raise TargetError(f"table {self._table_name!r}: unknown pending index {note!r}")
-        return ops
+        return self._schema.pending_index(self._connection())
 
     def build_pending_index(self) -> float | None:
         """Build the pending HNSW index in one transaction (with the session settings that
@@ -439,7 +229,7 @@ class PostgresStore:
             with conn.transaction():
                 for name, value in self._build_settings.items():
                     conn.execute("SELECT set_config(%s, %s, true)", [name, value])
-                conn.execute(self._index_statement(ops))
+                conn.execute(self._schema.index_statement(ops))
                 conn.execute(sql.SQL("COMMENT ON TABLE {table} IS NULL").format(table=self._table))
             seconds = time.monotonic() - started
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
@@ -447,9 +237,6 @@ class PostgresStore:
             raise TransientWriteError(self._describe("index build failed", exc)) from None
         log.info("sink.index_built", table=self._table_name, seconds=round(seconds, 2))
         return seconds
-
-    def _index_name(self) -> str:
-        return f"{self._table_name.split('.')[-1]}_vector_hnsw"[:63]
 
     # ------------------------------------------------------------------ writing
 
@@ -463,7 +250,7 @@ class PostgresStore:
         if parts == 1:
             self._write(0, unique)
             return
-        shares = _by_document(unique, parts)
+        shares = by_document(unique, parts)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(len(self._extra), thread_name_prefix="kembed-pg")
         futures: list[Future[None]] = [
@@ -481,7 +268,7 @@ class PostgresStore:
         # Anything unexpected first (fatal), then a transient failure (all is retried),
         # then refused rows (the sink looks for the culprit): every part is idempotent.
         if errors:
-            errors.sort(key=_severity)
+            errors.sort(key=severity)
             raise errors[0]
 
     def _write(self, writer: int, rows: Sequence[Row]) -> None:
@@ -502,7 +289,7 @@ class PostgresStore:
             "request_id = EXCLUDED.request_id, chunks = EXCLUDED.chunks "
             "WHERE (d.requested_ms, d.request_id) < (EXCLUDED.requested_ms, EXCLUDED.request_id) "
             "RETURNING doc_key, xmax = 0"  # xmax 0: inserted, the document had no rows
-        ).format(documents=self._documents_table)
+        ).format(documents=self._schema.documents_table)
         remove = sql.SQL("DELETE FROM {table} WHERE doc_key = ANY(%s::text[])").format(
             table=self._table
         )
@@ -530,7 +317,7 @@ class PostgresStore:
             "COPY {staging} (id, vector, metadata, model, requested_ms, doc_key, chunk_index) "
             "FROM STDIN WITH (FORMAT BINARY)"
         ).format(staging=sql.Identifier(_STAGING))
-        documents = _documents(rows)
+        documents = batch_documents(rows)
         data = copy_data(rows, identity=True)
         try:
             conn = self._writer_connection(writer)
@@ -552,17 +339,17 @@ class PostgresStore:
             raise self._classified(writer, exc) from None
 
     def _classified(self, writer: int, exc: psycopg.Error) -> Exception:
-        """The store's error for a failed write, by SQLSTATE class (see ``_REFUSED``)."""
+        """The store's error for a failed write, by SQLSTATE class (``sink.postgres.errors``)."""
         state = exc.sqlstate or ""
-        refused = _REFUSED.get(state[:2])
+        refused = REFUSED.get(state[:2])
         if refused is None and not state and isinstance(exc, psycopg.DataError):
-            refused = _REFUSED["22"]  # refused by psycopg itself, before the server
-        if state in _FATAL:
-            return TargetError(self._describe(_FATAL[state], exc))
+            refused = REFUSED["22"]  # refused by psycopg itself, before the server
+        if state in FATAL:
+            return TargetError(self._describe(FATAL[state], exc))
         if refused is not None:
             return RowsRefusedError(self._describe("rows refused", exc), code=refused)
         lost = isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
-        if state[:2] in _TRANSIENT or (lost and not state):
+        if state[:2] in TRANSIENT or (lost and not state):
             self._close_writer(writer)  # reconnect on the next try
             return TransientWriteError(self._describe("write failed", exc))
         return TargetError(self._describe("write failed", exc))
@@ -586,85 +373,3 @@ class PostgresStore:
     def _describe(self, what: str, exc: BaseException) -> str:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return scrub(f"{what} ({self._spec.display}): {type(exc).__name__}: {detail}", self._spec)
-
-
-def _severity(error: BaseException) -> int:
-    if isinstance(error, RowsRefusedError):
-        return 2
-    return 1 if isinstance(error, TransientWriteError) else 0
-
-
-class _Documents(dict[str, tuple[int, str, int | None]]):
-    """The documents of a batch: doc_key -> (its version: requested_ms and request id,
-    its chunk count; None for a row per input)."""
-
-    def columns(self) -> tuple[list[str], list[int], list[str], list[int | None]]:
-        keys = sorted(self)
-        return (
-            keys,
-            [self[k][0] for k in keys],
-            [self[k][1] for k in keys],
-            [self[k][2] for k in keys],
-        )
-
-
-def _documents(rows: Sequence[Row]) -> _Documents:
-    """Each document of ``rows`` (of one version each, after ``newest``)."""
-    docs = _Documents()
-    for row in rows:
-        chunks = row.chunks if row.chunk_index is not None else None
-        docs[row.document] = (row.requested_ms, row.request_id, chunks)
-    return docs
-
-
-def _by_document(rows: Sequence[Row], parts: int) -> list[list[Row]]:
-    """``rows`` in ``parts`` shares of about equal size, each document's rows in one."""
-    by_doc: dict[str, list[Row]] = {}
-    for row in rows:
-        by_doc.setdefault(row.document, []).append(row)
-    size = -(-len(rows) // parts)
-    shares: list[list[Row]] = [[] for _ in range(parts)]
-    share = 0
-    for doc_rows in by_doc.values():
-        if len(shares[share]) >= size and share < parts - 1:
-            share += 1
-        shares[share].extend(doc_rows)
-    return shares
-
-
-def copy_data(rows: Sequence[Row], *, identity: bool = False) -> bytes:
-    """``rows`` in PostgreSQL's binary COPY format, for the columns (id text, vector
-    vector, metadata jsonb, model text, requested_ms bigint), then (``identity``) doc_key
-    text and chunk_index integer (NULL for a row per input). A vector is pgvector's binary
-    form: its dimension and a zero (two int16), then its float32 values, all big-endian;
-    the values are the row's float32 values bit for bit."""
-    parts = [_COPY_HEADER]
-    append = parts.append
-    pack_len = struct.Struct(">i").pack
-    pack_bigint = struct.Struct(">q").pack
-    pack_int = struct.Struct(">ii").pack
-    pack_dim = struct.Struct(">ihh").pack
-    for row in rows:
-        key = row.id.encode("utf-8")
-        values = np.ascontiguousarray(row.vector, dtype=">f4").tobytes()
-        metadata = _JSONB_VERSION + json.dumps(row.metadata).encode("utf-8")
-        model = row.model.encode("utf-8")
-        dim = len(values) // 4
-        append(_FIELDS_IDENTITY if identity else _FIELDS)
-        append(pack_len(len(key)))
-        append(key)
-        append(pack_dim(4 + len(values), dim, 0))
-        append(values)
-        append(pack_len(len(metadata)))
-        append(metadata)
-        append(pack_len(len(model)))
-        append(model)
-        append(_BIGINT)
-        append(pack_bigint(row.requested_ms))
-        if identity:
-            document = row.document.encode("utf-8")
-            append(pack_len(len(document)))
-            append(document)
-            append(_NULL if row.chunk_index is None else pack_int(4, row.chunk_index))
-    append(_COPY_TRAILER)
-    return b"".join(parts)

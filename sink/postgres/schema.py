@@ -1,0 +1,240 @@
+"""The PostgreSQL sink's schema: its table, the documents table, their indexes, and the
+migration of a table made by an older sink (see ``sink.postgres`` for their shape)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg import sql
+
+from sink.store import DimensionMismatchError, Metric, TargetError
+
+__all__ = ["HNSW_MAX_DIM", "SCHEMA_LOCK", "PostgresSchema"]
+
+log = structlog.get_logger("kembed.sink")
+
+HNSW_MAX_DIM = 2000
+"""pgvector indexes ``vector`` columns of at most 2,000 dimensions with HNSW."""
+
+_OPS: dict[Metric, str] = {
+    "inner_product": "vector_ip_ops",
+    "cosine": "vector_cosine_ops",
+    "l2": "vector_l2_ops",
+}
+_COLUMNS = {"id", "vector", "metadata", "model", "updated_at"}
+_PENDING = "kembed: hnsw index pending, "
+"""A table comment: bulk mode created the table without its index, to build with this
+operator class once the load is done."""
+# Sinks that start together on one database (replicas of a Deployment) set up the schema
+# one at a time: concurrent CREATE EXTENSION / CREATE TABLE IF NOT EXISTS of one name
+# collide on PostgreSQL's catalog indexes (UniqueViolation) instead of skipping. The lock
+# is held until the set-up transaction ends; the next sink then finds everything there.
+SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(hashtext('kembed-sink schema set-up'))"
+
+
+class PostgresSchema:
+    """The statements that make and migrate one table (``schema.table`` or ``table``) and
+    its documents table, run on the connection given."""
+
+    def __init__(
+        self, table: str, *, hnsw_m: int, hnsw_ef_construction: int, index_after: bool
+    ) -> None:
+        self._table_name = table
+        self._table = sql.Identifier(*table.split("."))
+        self._hnsw = (hnsw_m, hnsw_ef_construction)
+        self._index_after = index_after
+
+    def table_dim(self, conn: psycopg.Connection[Any]) -> int | None:
+        """The vector dimension of the existing table; None when there is no table yet."""
+        regclass = self._table.as_string(conn)
+        if conn.execute("SELECT to_regclass(%s)", [regclass]).fetchone() == (None,):
+            return None
+        columns = {
+            name: (typname, typmod)
+            for name, typname, typmod in conn.execute(
+                "SELECT a.attname, t.typname, a.atttypmod FROM pg_attribute a "
+                "JOIN pg_type t ON t.oid = a.atttypid "
+                "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped",
+                [regclass],
+            ).fetchall()
+        }
+        missing = _COLUMNS - columns.keys()
+        if missing:
+            raise TargetError(
+                f"table {self._table_name!r} exists but lacks the column(s) "
+                f"{', '.join(sorted(missing))}: it was not made by kembed sink; use another "
+                "table"
+            )
+        typname, typmod = columns["vector"]
+        if typname != "vector" or typmod <= 0:
+            raise TargetError(
+                f"table {self._table_name!r}: column vector is {typname}, not vector(N)"
+            )
+        dim: int = typmod
+        return dim
+
+    def create_table(self, conn: psycopg.Connection[Any], dim: int, metric: Metric) -> None:
+        existing = self.table_dim(conn)
+        if existing is not None:
+            if existing != dim:
+                raise DimensionMismatchError(self._table_name, existing, dim, "the results have")
+            with conn.transaction():  # a table made before rows had versions, or documents
+                self.migrate(conn)
+            return
+        with conn.transaction():
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {table} ("
+                    "id text PRIMARY KEY, "
+                    "vector vector({dim}) NOT NULL, "
+                    "metadata jsonb NOT NULL DEFAULT '{{}}'::jsonb, "
+                    "model text NOT NULL, "
+                    "requested_ms bigint NOT NULL DEFAULT 0, "
+                    "updated_at timestamptz NOT NULL DEFAULT now(), "
+                    "doc_key text NOT NULL, "
+                    "chunk_index integer)"
+                ).format(table=self._table, dim=sql.Literal(dim))
+            )
+            conn.execute(self.doc_index_statement())
+            conn.execute(self.documents_statement())
+            if dim <= HNSW_MAX_DIM and self._index_after:
+                # Bulk mode: the index is built once the load is done; the table says which.
+                conn.execute(
+                    sql.SQL("COMMENT ON TABLE {table} IS {note}").format(
+                        table=self._table, note=sql.Literal(_PENDING + _OPS[metric])
+                    )
+                )
+            elif dim <= HNSW_MAX_DIM:
+                conn.execute(self.index_statement(_OPS[metric]))
+        if dim > HNSW_MAX_DIM:
+            log.warning(
+                "sink.no_index",
+                table=self._table_name,
+                dim=dim,
+                reason=f"pgvector's HNSW indexes vector columns of up to {HNSW_MAX_DIM} "
+                "dimensions; queries will scan the table",
+            )
+        log.info(
+            "sink.table_created",
+            table=self._table_name,
+            dim=dim,
+            metric=metric,
+            index="after the load" if self._index_after else "hnsw",
+        )
+
+    def migrate(self, conn: psycopg.Connection[Any]) -> None:
+        """Bring a table made by an older sink to this shape: ``requested_ms`` (0 for its
+        rows), the identity columns ``doc_key`` and ``chunk_index`` (filled in once: a row
+        whose id is ``{metadata.doc_key}#{metadata.chunk_index}`` is that chunk, any other
+        row its own document), their index, and the documents table (each document at its
+        rows' newest version). The former index on ``metadata->>'doc_key'`` is dropped."""
+        table = self._table
+        conn.execute(
+            sql.SQL(
+                "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "
+                "requested_ms bigint NOT NULL DEFAULT 0"
+            ).format(table=table)
+        )
+        regclass = table.as_string(conn)
+        has_identity = conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+            "AND attname = 'doc_key' AND NOT attisdropped",
+            [regclass],
+        ).fetchone()
+        if not has_identity:
+            log.info("sink.table_migrating", table=self._table_name, to="documents")
+            conn.execute(
+                sql.SQL(
+                    "ALTER TABLE {table} ADD COLUMN doc_key text, ADD COLUMN chunk_index integer"
+                ).format(table=table)
+            )
+            chunk = (
+                "coalesce(jsonb_typeof(metadata->'chunk_index') = 'number' "
+                "AND (metadata->>'chunk_index') ~ '^[0-9]{1,9}$' AND metadata ? 'doc_key' "
+                "AND id = (metadata->>'doc_key') || '#' || (metadata->>'chunk_index'), false)"
+            )
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {table} SET doc_key = CASE WHEN {chunk} THEN metadata->>'doc_key' "
+                    "ELSE id END, chunk_index = CASE WHEN {chunk} THEN "
+                    "(metadata->>'chunk_index')::integer END"
+                ).format(table=table, chunk=sql.SQL(chunk))
+            )
+            conn.execute(
+                sql.SQL("ALTER TABLE {table} ALTER COLUMN doc_key SET NOT NULL").format(table=table)
+            )
+            old_index = sql.Identifier(
+                *self._table_name.split(".")[:-1], f"{self._base_name()}_doc_key"[:63]
+            )
+            conn.execute(sql.SQL("DROP INDEX IF EXISTS {index}").format(index=old_index))
+        conn.execute(self.doc_index_statement())
+        conn.execute(self.documents_statement())
+        if not has_identity:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {documents} (doc_key, requested_ms, request_id, chunks) "
+                    "SELECT doc_key, max(requested_ms), '', "
+                    "CASE WHEN bool_or(chunk_index IS NOT NULL) THEN count(*)::integer END "
+                    "FROM {table} GROUP BY doc_key ON CONFLICT (doc_key) DO NOTHING"
+                ).format(documents=self.documents_table, table=table)
+            )
+
+    def _base_name(self) -> str:
+        return self._table_name.split(".")[-1]
+
+    def _derived_name(self, suffix: str) -> str:
+        """A name made from the table's and ``suffix``, within PostgreSQL's 63 bytes (the
+        table's part is cut, so two suffixes never give one name)."""
+        base = self._base_name().encode("utf-8")[: 63 - len(suffix)]
+        return base.decode("utf-8", "ignore") + suffix
+
+    @property
+    def documents_table(self) -> sql.Identifier:
+        """The documents table: one row per document key, its version and form."""
+        *schema, _ = self._table_name.split(".")
+        return sql.Identifier(*schema, self._derived_name("_documents"))
+
+    def documents_statement(self) -> sql.Composed:
+        return sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {documents} (doc_key text PRIMARY KEY, "
+            "requested_ms bigint NOT NULL, request_id text NOT NULL, chunks integer)"
+        ).format(documents=self.documents_table)
+
+    def index_statement(self, ops: str) -> sql.Composed:
+        m, ef_construction = self._hnsw
+        return sql.SQL(
+            "CREATE INDEX IF NOT EXISTS {index} ON {table} USING hnsw "
+            "(vector {ops}) WITH (m = {m}, ef_construction = {ef})"
+        ).format(
+            index=sql.Identifier(self.index_name()),
+            table=self._table,
+            ops=sql.SQL(ops),
+            m=sql.Literal(m),
+            ef=sql.Literal(ef_construction),
+        )
+
+    def doc_index_statement(self) -> sql.Composed:
+        """The index that finds a document's rows (one, or a few chunks, per key)."""
+        name = self._derived_name("_doc_key_idx")
+        return sql.SQL("CREATE INDEX IF NOT EXISTS {index} ON {table} (doc_key)").format(
+            index=sql.Identifier(name), table=self._table
+        )
+
+    def pending_index(self, conn: psycopg.Connection[Any]) -> str | None:
+        """The operator class of the HNSW index a bulk load left to build, if any."""
+        regclass = self._table.as_string(conn)
+        row = conn.execute(
+            "SELECT obj_description(to_regclass(%s), 'pg_class')", [regclass]
+        ).fetchone()
+        note = row[0] if row else None
+        if not isinstance(note, str) or not note.startswith(_PENDING):
+            return None
+        ops = note.removeprefix(_PENDING)
+        if ops not in _OPS.values():
+            raise TargetError(f"table {self._table_name!r}: unknown pending index {note!r}")
+        return ops
+
+    def index_name(self) -> str:
+        return f"{self._table_name.split('.')[-1]}_vector_hnsw"[:63]
