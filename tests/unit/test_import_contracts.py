@@ -89,7 +89,7 @@ SEEDS = [
     ),
     Seed(
         "pymilvus in sink.postgres",
-        {"sink/postgres.py": "import pymilvus\n"},
+        {"sink/postgres/store.py": "import pymilvus\n"},
         "pymilvus only in sink.milvus",
     ),
     Seed(
