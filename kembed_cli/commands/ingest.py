@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from aiokafka.errors import KafkaError
-
 from kembed_cli.common import (
     add_chunking_flags,
     add_settings_flags,
@@ -34,6 +32,7 @@ from kembed_cli.common import (
     settings_from,
 )
 from kembed_cli.progress import ProgressBar, format_bytes
+from kembed_shared.kafka.errors import KafkaError
 from kembed_shared.settings import KafkaClientSettings
 from producer_sdk.client import EmbedClient
 from producer_sdk.errors import IngestError, KembedError, RequestTooLargeError
