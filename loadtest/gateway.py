@@ -53,7 +53,7 @@ import httpx
 
 from loadtest import cputime
 from loadtest.data import stsb_sentences
-from loadtest.files import save_report
+from loadtest.files import report_folder, save_report
 from loadtest.gateway_report import (
     GATEWAY,
     LATENCY_TARGET_MS,
@@ -369,8 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds,
         args.encoding_format,
     )
-    out = args.out or ROOT / "loadtest" / "reports" / time.strftime("gateway-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_folder(args.out, "gateway")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     figures: dict[str, Any] = {
         "argv": sys.argv[1:] if argv is None else argv,
