@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import functools
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,76 +31,23 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from loadtest.ceiling_report import write_report
+from loadtest.cputime import CpuClock, cpu_seconds, machine_busy_seconds, thread_cpu_seconds
 from loadtest.data import stsb_sentences
 from loadtest.e2e import reading_replies
+from loadtest.pyspy_profile import find_pyspy, summarize_profile, thread_cpu_ms
 from schemas import EmbedRequest, EmbedResult, decode_result, encode_request
 from schemas.headers import CORRELATION_ID
 from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
 from scripts.worker_process import WorkerProcess
 
 __all__ = ["CpuClock", "cpu_seconds", "find_pyspy", "main", "summarize_profile"]
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def find_pyspy() -> str | None:
-    """py-spy's executable: the PYSPY variable, else ``py-spy`` on the PATH (None: absent)."""
-    named = os.environ.get("PYSPY")
-    if named:
-        return named if Path(named).is_file() else None
-    return shutil.which("py-spy")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid``, all its threads (``/proc/<pid>/stat``)."""
-    return cpu_seconds_of(Path(f"/proc/{pid}/stat"))
-
-
-def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """CPU seconds of each thread of process ``pid``, by thread id."""
-    used = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            used[int(task.name)] = cpu_seconds_of(task / "stat")
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # the thread ended meanwhile
-    return used
-
-
-def cpu_seconds_of(stat_path: Path) -> float:
-    """utime + stime (fields 14 and 15) of a ``/proc`` stat file."""
-    stat = stat_path.read_text()
-    # The command name (field 2) may hold spaces; the fields after its ")" are fixed.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def machine_busy_seconds() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot (``/proc/stat``)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = values[3] + values[4]  # idle, iowait
-    total = sum(values[:8])
-    return (total - idle) / TICKS, total / TICKS
-
-
-@dataclass
-class CpuClock:
-    """CPU seconds of named processes between :meth:`start` and :meth:`stop`."""
-
-    pids: dict[str, int]
-    started: dict[str, float] = field(default_factory=dict)
-    used: dict[str, float] = field(default_factory=dict)
-
-    def start(self) -> None:
-        self.started = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-
-    def stop(self) -> None:
-        self.used = {name: cpu_seconds(pid) - self.started[name] for name, pid in self.pids.items()}
 
 
 @dataclass
@@ -293,7 +239,7 @@ def scenario(
             if sampler.returncode == 0 and raw.exists():
                 text = raw.read_text()
                 profile = summarize_profile(text)
-                profile["thread_cpu_ms_per_1000_texts"] = _thread_cpu(
+                profile["thread_cpu_ms_per_1000_texts"] = thread_cpu_ms(
                     text, threads_before, threads_after, workers[0].process.pid, run.texts
                 )
             else:
@@ -329,166 +275,6 @@ def scenario(
     if profile is not None:
         result["profile"] = profile
     return result
-
-
-def summarize_profile(raw: str, top: int = 25) -> dict[str, Any]:
-    """py-spy's raw (collapsed) stacks of active threads -> shares of the samples: per
-    thread, per task (the coroutine or callback the event loop was running, or the thread
-    for other threads), per function on its own (self) and with what it calls
-    (inclusive)."""
-    own: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    threads: Counter[str] = Counter()
-    tasks: Counter[str] = Counter()
-    total = 0
-    for line in raw.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        thread, *frames = stack.split(";")
-        if not frames:
-            continue
-        total += count
-        threads[_thread_name(thread)] += count
-        names = [_function(frame) for frame in frames]
-        tasks[_task(names, _thread_name(thread))] += count
-        own[names[-1]] += count
-        for name in set(names):
-            inclusive[name] += count
-    if not total:
-        return {"samples": 0, "threads": {}, "tasks": [], "self": [], "inclusive": []}
-
-    def shares(counter: Counter[str], n: int) -> list[tuple[str, float]]:
-        return [(name, samples / total) for name, samples in counter.most_common(n)]
-
-    return {
-        "samples": total,
-        "threads": dict(shares(threads, 10)),
-        "tasks": shares(tasks, 15),
-        "self": [(name, share, inclusive[name] / total) for name, share in shares(own, top)],
-        "inclusive": shares(inclusive, top),
-    }
-
-
-def _thread_cpu(
-    raw: str, before: dict[int, float], after: dict[int, float], pid: int, texts: int
-) -> dict[str, float]:
-    """CPU-ms per 1,000 texts of each thread of the worker, named as py-spy saw them
-    (threads that never ran Python code, such as the tokenizer library's own pool, are
-    "native")."""
-    names = {}
-    for line in raw.splitlines():
-        head = line.split(";", 1)[0]
-        if head.startswith("thread (") and "): " in head:
-            number, _, name = head[len("thread (") :].partition("): ")
-            if number.isdigit():
-                names[int(number)] = _thread_name(name)
-    names.setdefault(pid, "MainThread")
-    used: dict[str, float] = {}
-    for tid, seconds in after.items():
-        name = names.get(tid, "native")
-        used[name] = used.get(name, 0.0) + seconds - before.get(tid, 0.0)
-    ranked = sorted(used.items(), key=lambda pair: -pair[1])
-    return {name: 1e6 * seconds / texts for name, seconds in ranked}
-
-
-def _task(names: list[str], thread: str) -> str:
-    """What an event loop's sample was running: the frame below the loop's callback
-    runner; other threads: the thread."""
-    for position, name in enumerate(names[:-1]):
-        if name.startswith("Handle._run "):
-            return names[position + 1]
-    if any(name.startswith("BaseEventLoop._run_once ") for name in names):
-        return "event loop (selector, scheduling)"
-    return f"thread {thread}"
-
-
-def _function(frame: str) -> str:
-    """ "name (path/to/file.py:123)" -> "name (to/file.py)": lines differ within one
-    function."""
-    name, _, where = frame.partition(" (")
-    path = where.rstrip(")").rsplit(":", 1)[0]
-    parts = path.split("/")
-    short = "/".join(parts[-2:]) if len(parts) > 1 else path
-    return f"{name} ({short})"
-
-
-def _thread_name(frame: str) -> str:
-    """ "thread (123): MainThread" -> "MainThread"; "thread (123): kembed-tokenizer_0" ->
-    "kembed-tokenizer"."""
-    name = frame.split(": ", 1)[-1]
-    return name.rsplit("_", 1)[0] if name.rsplit("_", 1)[-1].isdigit() else name
-
-
-# ------------------------------------------------------------------ report
-
-
-def write_report(report: dict[str, Any], out: Path) -> None:
-    (out / "ceiling.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "ceiling.md").write_text(_markdown(report))
-
-
-def _markdown(report: dict[str, Any]) -> str:
-    lines = [
-        "# The host pipeline's ceiling",
-        "",
-        f"Worker(s) with an encoder stand-in (fixed vectors, no computation), MiniLM's "
-        f"tokenizer, bulk requests of {report['per_request']} STS-B sentences, "
-        f"{report['texts']:,} texts per run (median of {report['repeat']} runs) after a "
-        f"warm-up of {report['warmup_texts']:,}; "
-        f"broker and load generator on the same {os.cpu_count()}-core machine. Worker "
-        f"settings: {report['worker_settings'] or 'defaults'}.",
-        "",
-        "| workers | texts/s | worker CPU-ms / 1k texts | broker | load generator | "
-        "machine busy | errors / dup / missing |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in report["runs"]:
-        cpu = row["cpu_ms_per_1000_texts"]
-        workers = " + ".join(f"{v:.0f}" for k, v in cpu.items() if k.startswith("worker"))
-        lines.append(
-            f"| {row['workers']} | {row['texts_per_s']:,.0f} | {workers} | "
-            f"{cpu['broker']:.0f} | {cpu['load generator']:.0f} | "
-            f"{100 * row['machine_busy_fraction']:.0f}% | "
-            f"{row['errors']} / {row['duplicates']} / {row['missing']} |"
-        )
-    if report.get("scaling") is not None:
-        lines += [
-            "",
-            f"Scaling, {report['runs'][-1]['workers']} workers / 1: {report['scaling']:.2f}x.",
-        ]
-    profile = report.get("profile")
-    if profile and "self" in profile:
-        lines += [
-            "",
-            f"## Where one worker's time goes (py-spy, {profile['samples']:,} samples of "
-            "active threads)",
-            "",
-            "Threads: "
-            + ", ".join(f"{name} {100 * share:.0f}%" for name, share in profile["threads"].items()),
-            "",
-            "CPU-ms per 1,000 texts by thread: "
-            + ", ".join(
-                f"{name} {value:.0f}"
-                for name, value in profile.get("thread_cpu_ms_per_1000_texts", {}).items()
-            ),
-            "",
-            "| task (event loop) or thread | share |",
-            "| --- | --- |",
-            *(f"| `{name}` | {100 * share:.1f}% |" for name, share in profile["tasks"]),
-            "",
-            "| function | self | inclusive |",
-            "| --- | --- | --- |",
-            *(
-                f"| `{name}` | {100 * own:.1f}% | {100 * inclusive:.1f}% |"
-                for name, own, inclusive in profile["self"][:20]
-            ),
-        ]
-    elif profile:
-        lines += ["", f"Profile failed: {profile.get('error')}"]
-    lines.append("")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -532,19 +318,19 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="kembed-ceiling-") as tmp,
         LocalKafka(Path(tmp) / "kafka", topics=DEFAULT_TOPICS) as kafka,
     ):
+        measure = functools.partial(
+            scenario,
+            kafka,
+            texts=texts,
+            warmup=warmup,
+            per_request=args.per_request,
+            partitions=args.partitions,
+            out=args.out,
+            settings=settings,
+        )
         counts = [1] if args.workers <= 1 else [1, args.workers]
         for count in counts:
-            row = scenario(
-                kafka,
-                count,
-                texts,
-                warmup,
-                args.per_request,
-                args.partitions,
-                args.out,
-                settings,
-                repeat=args.repeat,
-            )
+            row = measure(count, repeat=args.repeat)
             report["runs"].append(row)
             print(
                 f"{count} worker(s): {row['texts_per_s']:,.0f} texts/s, CPU-ms/1k texts "
@@ -555,17 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             report["scaling"] = report["runs"][-1]["texts_per_s"] / report["runs"][0]["texts_per_s"]
         if args.profile:
             if args.pyspy and Path(args.pyspy).exists():
-                profiled = scenario(
-                    kafka,
-                    1,
-                    texts,
-                    warmup,
-                    args.per_request,
-                    args.partitions,
-                    args.out,
-                    settings,
-                    pyspy=args.pyspy,
-                )
+                profiled = measure(1, pyspy=args.pyspy)
                 report["profiled_run"] = {k: v for k, v in profiled.items() if k != "profile"}
                 report["profile"] = profiled.get("profile")
             else:

@@ -10,10 +10,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CpuSample", "cpu_ms_per_1000", "parse_stat_cpu_ticks", "sample", "usage"]
+__all__ = [
+    "CpuClock",
+    "CpuSample",
+    "cpu_ms_per_1000",
+    "cpu_seconds",
+    "machine_busy_seconds",
+    "parse_stat_cpu_ticks",
+    "sample",
+    "thread_cpu_seconds",
+    "usage",
+]
 
 # Fields after the command name in /proc/<pid>/stat, counted from 3 (state) as in proc(5):
 # utime is field 14 and stime field 15, both in clock ticks, summed over all threads.
@@ -44,14 +54,53 @@ class CpuSample:
     seconds: Mapping[str, float]
 
 
+def _stat_seconds(stat_path: Path) -> float:
+    """utime + stime of a ``/proc`` stat file (a process's or one thread's), in seconds."""
+    return parse_stat_cpu_ticks(stat_path.read_text()) / _CLOCK_TICKS
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid``, all its threads (``/proc/<pid>/stat``)."""
+    return _stat_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of process ``pid``, by thread id."""
+    used = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            used[int(task.name)] = _stat_seconds(task / "stat")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+    return used
+
+
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot (``/proc/stat``)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle, iowait
+    total = sum(values[:8])
+    return (total - idle) / _CLOCK_TICKS, total / _CLOCK_TICKS
+
+
 def sample(pids: Mapping[str, int]) -> CpuSample:
     """The CPU seconds consumed so far by each process of ``pids`` (name -> pid)."""
-    return CpuSample(
-        {
-            name: parse_stat_cpu_ticks(Path(f"/proc/{pid}/stat").read_text()) / _CLOCK_TICKS
-            for name, pid in pids.items()
-        }
-    )
+    return CpuSample({name: cpu_seconds(pid) for name, pid in pids.items()})
+
+
+@dataclass
+class CpuClock:
+    """CPU seconds of named processes between :meth:`start` and :meth:`stop`."""
+
+    pids: dict[str, int]
+    started: dict[str, float] = field(default_factory=dict)
+    used: dict[str, float] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.started = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def stop(self) -> None:
+        self.used = {name: cpu_seconds(pid) - self.started[name] for name, pid in self.pids.items()}
 
 
 def usage(before: CpuSample, after: CpuSample) -> dict[str, float]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import statistics
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import e2e
+from loadtest.cputime import cpu_seconds
 from loadtest.data import stsb_sentences
 from loadtest.run import percentiles
 from producer_sdk import EmbedClient
@@ -62,12 +62,6 @@ class Mode:
 
     def topic(self, kind: str) -> str:
         return f"delivery{self.index}.{kind}"
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(

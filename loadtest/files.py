@@ -1,14 +1,25 @@
-"""Where a benchmark's figures go: ``report.json`` and ``report.md`` in its report folder,
-and the command line that measured them (written into the report)."""
+"""Where a benchmark's figures go: its report folder, ``report.json`` and ``report.md`` in
+it, and the command line that measured them (written into the report)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["command_line", "save_report"]
+__all__ = ["REPORTS", "command_line", "report_folder", "save_report"]
+
+REPORTS = Path(__file__).resolve().parent / "reports"
+"""Where a benchmark's report folder goes unless ``--out`` names one."""
+
+
+def report_folder(out: Path | None, name: str) -> Path:
+    """``out``, or ``loadtest/reports/<name>-<date>-<time>`` when it is None; created."""
+    folder = out or REPORTS / time.strftime(f"{name}-%Y%m%d-%H%M%S")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def save_report(out: Path, figures: dict[str, Any], markdown: str) -> Path:

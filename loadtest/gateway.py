@@ -53,7 +53,16 @@ import httpx
 
 from loadtest import cputime
 from loadtest.data import stsb_sentences
-from loadtest.files import save_report
+from loadtest.files import report_folder, save_report
+from loadtest.gateway_report import (
+    GATEWAY,
+    LATENCY_TARGET_MS,
+    PATHS,
+    SDK,
+    THROUGHPUT_TARGET,
+    report_markdown,
+    targets,
+)
 from loadtest.run import percentiles, worker_batches
 from producer_sdk import EmbedClient
 from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
@@ -74,16 +83,9 @@ __all__ = [
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
-GATEWAY, SDK = "gateway", "sdk"
-PATHS = (GATEWAY, SDK)
-LATENCY_TARGET_MS = 3.0
-"""The gateway may add at most this much to the single-text p50."""
-THROUGHPUT_TARGET = 0.9
-"""Gateway texts/s over SDK texts/s at the same concurrency: at least this."""
 GATEWAY_RESULTS = "embed.results.loadtest-gateway"  # the gateway's own reply topic
 SDK_RESULTS = "embed.results.loadtest-sdk"  # this process's: neither reads the other's
 CALL_TIMEOUT_S = 60.0
-CPU_PROCESSES = ("worker", "broker", "gateway", "loadgen")
 
 Embed = Callable[[list[str]], Awaitable[int]]
 """One request on one path: the texts in, the number of vectors that came back."""
@@ -125,104 +127,6 @@ def round_ratios(gateway: Sequence[float], sdk: Sequence[float]) -> list[float]:
     if len(gateway) != len(sdk):
         raise ValueError("both paths need the same number of rounds")
     return [g / s for g, s in zip(gateway, sdk, strict=True)]
-
-
-def targets(figures: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's two targets against the run's figures: what was measured, the
-    threshold, and whether it was met."""
-    single = figures["single"]
-    added = single[GATEWAY]["p50"] - single[SDK]["p50"]
-    ratio = figures["throughput"]["ratio"]
-    return [
-        {
-            "target": "single-text p50: gateway minus SDK (ms)",
-            "measured": added,
-            "threshold": f"<= {LATENCY_TARGET_MS:g}",
-            "met": added <= LATENCY_TARGET_MS,
-        },
-        {
-            "target": (
-                f"texts/s with {figures['clients']} concurrent clients of "
-                f"{figures['batch']} texts: gateway / SDK"
-            ),
-            "measured": ratio,
-            "threshold": f">= {THROUGHPUT_TARGET:g}",
-            "met": ratio >= THROUGHPUT_TARGET,
-        },
-    ]
-
-
-def _row(*cells: str) -> str:
-    return f"| {' | '.join(cells)} |"
-
-
-def _cpu_cell(cpu: dict[str, float], spec: str) -> str:
-    """CPU figures of the processes, in CPU_PROCESSES order."""
-    return " / ".join(format(cpu[name], spec) for name in CPU_PROCESSES)
-
-
-def _single_cells(p: dict[str, Any]) -> list[str]:
-    stats = [f"{p[key]:.2f}" for key in ("p50", "p95", "p99", "mean")]
-    return [*stats, _cpu_cell(p["cpu_ms_per_request"], ".2f")]
-
-
-def _throughput_cells(p: dict[str, Any]) -> list[str]:
-    each_round = ", ".join(f"{v:,.0f}" for v in p["rounds"])
-    cpu = _cpu_cell(p["cpu_ms_per_1000"], ",.0f")
-    return [f"{p['texts_per_s']:,.0f}", each_round, f"{p['rows_per_batch']:.1f}", cpu]
-
-
-def report_markdown(figures: dict[str, Any]) -> str:
-    single, throughput = figures["single"], figures["throughput"]
-    lines = [
-        "# HTTP gateway against the SDK",
-        "",
-        f"`{' '.join(['python -m loadtest.gateway', *figures['argv']])}`",
-        "",
-        f"One broker, one worker (default settings; serving {figures['model']}, "
-        f"dtype {figures['worker'].get('dtype')}, compiled {figures['worker'].get('compiled')}), "
-        f"one gateway (default settings), the load generator; {os.cpu_count()} CPUs shared "
-        "by all four. The paths took turns in one run; `POST /v1/embeddings` with "
-        f"`encoding_format` {figures['encoding_format']}.",
-        "",
-        "## Targets",
-        "",
-        "| target | measured | threshold | result |",
-        "| --- | ---: | --- | --- |",
-    ]
-    for row in targets(figures):
-        lines.append(
-            f"| {row['target']} | {row['measured']:.2f} | {row['threshold']} "
-            f"| {'met' if row['met'] else 'MISSED'} |"
-        )
-    lines += [
-        "",
-        f"## Single text, sequential ({single[GATEWAY]['n']} requests a path, "
-        f"{figures['blocks']} alternating blocks)",
-        "",
-        "| path | p50 ms | p95 ms | p99 ms | mean ms | CPU ms per request: "
-        "worker / broker / gateway / load generator |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
-    ]
-    labels = {GATEWAY: "gateway (httpx, keep-alive)", SDK: "SDK `embed()`"}
-    lines += [_row(labels[path], *_single_cells(single[path])) for path in PATHS]
-    lines += [
-        "",
-        f"## Throughput: {figures['clients']} concurrent clients, requests of "
-        f"{figures['batch']} texts, {throughput['texts']:,} texts a round",
-        "",
-        "| path | texts/s, median | texts/s, each round | worker batch rows, median "
-        "| CPU ms per 1,000 texts: worker / broker / gateway / load generator (median) |",
-        "| --- | ---: | --- | ---: | --- |",
-    ]
-    labels[GATEWAY] = "gateway"
-    lines += [_row(labels[path], *_throughput_cells(throughput[path])) for path in PATHS]
-    each = ", ".join(f"{r:.2f}" for r in throughput["round_ratios"])
-    lines += [
-        "",
-        f"Gateway / SDK: **{throughput['ratio']:.2f}x** (median of the rounds' ratios: {each}).",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------ the gateway process
@@ -465,8 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds,
         args.encoding_format,
     )
-    out = args.out or ROOT / "loadtest" / "reports" / time.strftime("gateway-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_folder(args.out, "gateway")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     figures: dict[str, Any] = {
         "argv": sys.argv[1:] if argv is None else argv,

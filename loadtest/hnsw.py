@@ -40,7 +40,7 @@ from psycopg import sql
 from pydantic import SecretStr
 
 from loadtest.data import stsb_sentences
-from loadtest.files import save_report
+from loadtest.files import report_folder, save_report
 from scripts.pg_local import LocalPostgres
 from sink.postgres import PostgresStore, copy_data
 from sink.rows import Row
@@ -334,8 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None, help="report folder")
     args = parser.parse_args(argv)
-    out = args.out or ROOT / "loadtest" / "reports" / time.strftime("hnsw-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_folder(args.out, "hnsw")
     total = args.texts + args.queries
     everything = random_vectors(total) if args.random else cached_model_vectors(total)
     vectors, queries = everything[: args.texts], everything[args.texts :]

@@ -48,7 +48,7 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
-from loadtest.files import save_report
+from loadtest.files import report_folder, save_report
 from loadtest.hnsw import MODEL, texts_for
 from scripts.kafka_local import DEFAULT_TOPICS, LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
@@ -366,8 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600, help="per run (s)")
     parser.add_argument("--out", type=Path, default=None, help="report folder")
     args = parser.parse_args(argv)
-    out = args.out or ROOT / "loadtest" / "reports" / time.strftime("pipeline-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_folder(args.out, "pipeline")
     texts = texts_for(args.docs)
     figures: dict[str, Any] = {
         "argv": sys.argv[1:] if argv is None else argv,

@@ -43,7 +43,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from pydantic import SecretStr
 
-from loadtest.files import save_report
+from loadtest.files import report_folder, save_report
 from loadtest.hnsw import cached_model_vectors
 from schemas import EmbedResult, decode_result, encode_result
 from schemas.headers import LANE, LANE_BULK
@@ -437,8 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600, help="end to end time limit (s)")
     parser.add_argument("--out", type=Path, default=None, help="report folder")
     args = parser.parse_args(argv)
-    out = args.out or ROOT / "loadtest" / "reports" / time.strftime("sink-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_folder(args.out, "sink")
     real = cached_model_vectors(args.results * args.rows) if args.vectors == "model" else None
     if real is not None:
         args.dim = real.shape[1]

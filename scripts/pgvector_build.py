@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import importlib.metadata
 import io
@@ -49,6 +48,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from scripts.file_lock import file_lock
 
 __all__ = [
     "EMULATOR_CPU",
@@ -126,7 +127,7 @@ def ensure_pgvector(install: Path) -> Path:
     if (target / "lib" / "vector.so").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / ".pgvector-build.lock"):
+    with file_lock(target.parent / ".pgvector-build.lock"):
         if (target / "lib" / "vector.so").is_file():
             return target
         for leftover in target.parent.glob(".pgvector-build-*"):
@@ -234,7 +235,7 @@ def ensure_emulator() -> Path:
     if program.is_file():
         return program
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / ".qemu-fetch.lock"):
+    with file_lock(target.parent / ".qemu-fetch.lock"):
         if program.is_file():
             return program
         work = Path(tempfile.mkdtemp(prefix=".qemu-fetch-", dir=target.parent))
@@ -359,16 +360,6 @@ def _run(command: list[str], cwd: Path, what: str) -> None:
     if result.returncode != 0:
         output = (result.stdout + result.stderr)[-3000:]
         raise BuildError(f"{what} failed (exit {result.returncode}) for pgvector:\n{output}")
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def main() -> None:

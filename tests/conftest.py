@@ -32,10 +32,8 @@ os.environ.setdefault("KEMBED_REPLY_TOPICS", ".+")
 
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
-    broker = LocalKafka(tmp_path_factory.mktemp("kafka"))
-    broker.start()
-    yield broker
-    broker.stop()
+    with LocalKafka(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
 
 
 @pytest.fixture(scope="session")

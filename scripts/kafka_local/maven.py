@@ -3,15 +3,13 @@ into the cache outside the clone, ``${KEMBED_CACHE_DIR:-~/.cache/kembed}/kafka-<
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
+from scripts.file_lock import file_lock
 from scripts.kafka_local.layout import POM_FILE, kafka_version, libs_dir
 from scripts.kafka_local.process import tail_text
 
@@ -28,7 +26,7 @@ def ensure_jars(version: str | None = None) -> Path:
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / ".fetch.lock"):
+    with file_lock(target.parent / ".fetch.lock"):
         if target.is_dir():  # another process fetched it while we waited for the lock
             return target
         _remove_stale_fetches(target.parent)
@@ -39,16 +37,6 @@ def ensure_jars(version: str | None = None) -> Path:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return target
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _remove_stale_fetches(version_dir: Path) -> None:
