@@ -14,16 +14,27 @@ card.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import msgpack
 
-from schemas.codec import is_valid_topic
 from schemas.errors import ErrorCode, SchemaError
+from schemas.fields import (
+    MistypedError,
+    fail,
+    integer,
+    kind_name,
+    non_empty,
+    non_negative,
+    optional,
+    positive,
+    required,
+    string,
+    topic_name,
+)
 from schemas.kinds import Kind
-from schemas.v1 import REQUEST_KINDS
 
 __all__ = [
     "CARD_VERSION",
@@ -157,35 +168,35 @@ def decode_card(data: bytes) -> ModelCard:
     try:
         body = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception:  # noqa: BLE001 (msgpack raises many types for garbage; all mean "invalid")
-        _fail("card is not valid msgpack")
+        fail("card is not valid msgpack")
     if not isinstance(body, dict):
-        _fail("card must be a msgpack map")
-    version = _required(body, "v", _int)
+        fail("card must be a msgpack map")
+    version = required(body, "v", integer, nil_is_missing=True)
     if version > CARD_VERSION:
         raise SchemaError(
             ErrorCode.UNSUPPORTED_VERSION,
             f"card version {version} is not supported; this reader speaks v{CARD_VERSION}",
         )
     if version != CARD_VERSION:
-        _fail(f"'v' must be {CARD_VERSION}")
+        fail(f"'v' must be {CARD_VERSION}")
     return ModelCard(
-        name=_required(body, "name", _non_empty),
-        aliases=_optional(body, "aliases", _aliases) or (),
-        dim=_required(body, "dim", _positive),
-        max_seq_length=_required(body, "max_seq_length", _positive),
-        pooling=_required(body, "pooling", _str),
-        dtype=_required(body, "dtype", _str),
-        quantization=_default(_optional(body, "quantization", _str), "none"),
-        device=_required(body, "device", _str),
-        prompts=_optional(body, "prompts", _prompts) or {},
-        default_prompt_name=_optional(body, "default_prompt_name", _str),
-        requests_topic=_required(body, "requests_topic", _topic),
-        bulk_topic=_optional(body, "bulk_topic", _topic),
-        group_id=_required(body, "group_id", _non_empty),
-        instance=_required(body, "instance", _non_empty),
-        announced_ms=_required(body, "announced_ms", _non_negative),
-        interval_ms=_required(body, "interval_ms", _positive),
-        kind=_default(_optional(body, "kind", _kind), Kind.EMBED.value),
+        name=required(body, "name", non_empty, nil_is_missing=True),
+        aliases=optional(body, "aliases", _aliases) or (),
+        dim=required(body, "dim", positive, nil_is_missing=True),
+        max_seq_length=required(body, "max_seq_length", positive, nil_is_missing=True),
+        pooling=required(body, "pooling", string, nil_is_missing=True),
+        dtype=required(body, "dtype", string, nil_is_missing=True),
+        quantization=_default(optional(body, "quantization", string), "none"),
+        device=required(body, "device", string, nil_is_missing=True),
+        prompts=optional(body, "prompts", _prompts) or {},
+        default_prompt_name=optional(body, "default_prompt_name", string),
+        requests_topic=required(body, "requests_topic", topic_name, nil_is_missing=True),
+        bulk_topic=optional(body, "bulk_topic", topic_name),
+        group_id=required(body, "group_id", non_empty, nil_is_missing=True),
+        instance=required(body, "instance", non_empty, nil_is_missing=True),
+        announced_ms=required(body, "announced_ms", non_negative, nil_is_missing=True),
+        interval_ms=required(body, "interval_ms", positive, nil_is_missing=True),
+        kind=_default(optional(body, "kind", kind_name), Kind.EMBED.value),
     )
 
 
@@ -193,77 +204,9 @@ def _default(value: _T | None, default: _T) -> _T:
     return default if value is None else value
 
 
-def _fail(message: str) -> NoReturn:
-    raise SchemaError(ErrorCode.INVALID_REQUEST, message)
-
-
-class _MistypedError(Exception):
-    pass
-
-
-def _required(body: dict[Any, Any], key: str, check: Callable[[object], _T]) -> _T:
-    if body.get(key) is None:
-        _fail(f"missing required field {key!r}")
-    return _field(key, body[key], check)
-
-
-def _optional(body: dict[Any, Any], key: str, check: Callable[[object], _T]) -> _T | None:
-    value = body.get(key)
-    return None if value is None else _field(key, value, check)
-
-
-def _field(key: str, value: object, check: Callable[[object], _T]) -> _T:
-    try:
-        return check(value)
-    except _MistypedError as exc:
-        _fail(f"{key!r} {exc.args[0]}")
-
-
-def _int(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _MistypedError("must be an integer")
-    return value
-
-
-def _non_negative(value: object) -> int:
-    if _int(value) < 0:
-        raise _MistypedError("must be >= 0")
-    return _int(value)
-
-
-def _positive(value: object) -> int:
-    if _int(value) < 1:
-        raise _MistypedError("must be >= 1")
-    return _int(value)
-
-
-def _str(value: object) -> str:
-    if not isinstance(value, str):
-        raise _MistypedError("must be a string")
-    return value
-
-
-def _non_empty(value: object) -> str:
-    if not _str(value):
-        raise _MistypedError("must not be empty")
-    return _str(value)
-
-
-def _kind(value: object) -> str:
-    if _str(value) not in REQUEST_KINDS:
-        raise _MistypedError(f"must be one of {', '.join(REQUEST_KINDS)}")
-    return _str(value)
-
-
-def _topic(value: object) -> str:
-    if not is_valid_topic(_str(value)):
-        raise _MistypedError("is not a valid Kafka topic name")
-    return _str(value)
-
-
 def _aliases(value: object) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
-        raise _MistypedError("must be an array of non-empty strings")
+        raise MistypedError("must be an array of non-empty strings")
     return tuple(value)
 
 
@@ -271,5 +214,5 @@ def _prompts(value: object) -> dict[str, str]:
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
-        raise _MistypedError("must be a map of strings to strings")
+        raise MistypedError("must be a map of strings to strings")
     return dict(value)

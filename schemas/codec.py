@@ -13,35 +13,57 @@ width).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import msgpack
 
 from schemas.encodings import Encoding, row_bytes
 from schemas.errors import Envelope, ErrorCode, SchemaError
+from schemas.fields import (
+    ENCODING_NAMES,
+    binary,
+    boolean,
+    chunk_counts,
+    chunk_pooling_name,
+    chunking_value,
+    direction,
+    encoding_value,
+    error_code,
+    fail,
+    field_value,
+    flag,
+    identifier,
+    inputs_list,
+    int_list,
+    integer,
+    is_valid_topic,
+    keys_list,
+    kind_name,
+    meta_map,
+    non_empty,
+    non_negative,
+    optional,
+    positive,
+    required,
+    spans_list,
+    str_list,
+    string,
+    topic_name,
+)
 from schemas.kinds import Kind
 from schemas.v1 import (
-    CHUNK_POOLINGS,
-    MAX_ID_BYTES,
-    MAX_TOPIC_LENGTH,
-    REQUEST_KINDS,
-    TRUNCATION_DIRECTIONS,
     VERSION,
-    Chunking,
     EmbedRequest,
     EmbedResult,
     ErrorInfo,
     ErrorResult,
-    Key,
     Request,
     RerankRequest,
     RerankResult,
     Result,
     Span,
-    chunking_problem,
 )
 
 __all__ = [
@@ -53,21 +75,8 @@ __all__ = [
     "is_valid_topic",
 ]
 
-_ENCODING_NAMES = frozenset(encoding.value for encoding in Encoding)
 _DOCS = "docs"  # meta["docs"]: one item of metadata per input (see schemas/README.md)
-_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
 _T = TypeVar("_T")
-
-
-def is_valid_topic(name: str) -> bool:
-    return (
-        0 < len(name) <= MAX_TOPIC_LENGTH
-        and name not in (".", "..")
-        and bool(_TOPIC.fullmatch(name))
-    )
-
-
-# ---------------------------------------------------------------------------- encoding
 
 
 def encode_request(request: Request) -> bytes:
@@ -214,51 +223,51 @@ def decode_result(data: bytes) -> Result:
     """Parse one result (for clients); raise SchemaError when it is malformed."""
     body = _unpack_map(data)
     _check_version(body)
-    result_id = _required(body, "id", _id)
-    keys = _optional(body, "keys", _keys)
-    meta = _optional(body, "meta", _meta)
+    result_id = required(body, "id", identifier)
+    keys = optional(body, "keys", keys_list)
+    meta = optional(body, "meta", meta_map)
     if meta is not None:
         meta = PackedMap(meta, _packed_value(data, "meta"))
     if body.get("error") is not None:
         error = body["error"]
         if not isinstance(error, dict):
-            _fail("'error' must be a map")
+            fail("'error' must be a map")
         info = ErrorInfo(
-            code=_code(_required(error, "code", _str)),
-            message=_required(error, "message", _str),
-            index=_optional(error, "index", _non_negative),
+            code=error_code(required(error, "code", string)),
+            message=required(error, "message", string),
+            index=optional(error, "index", non_negative),
         )
         return ErrorResult(id=result_id, error=info, keys=keys, meta=meta)
-    if body.get("kind") is not None and _field("kind", body["kind"], _kind) == Kind.RERANK:
+    if body.get("kind") is not None and field_value("kind", body["kind"], kind_name) == Kind.RERANK:
         return _rerank_result(body, result_id, meta)
-    dim = _required(body, "dim", _positive)
-    dtype = _required(body, "dtype", _str)
-    vectors = _required(body, "vectors", _bin)
-    tokens = tuple(_required(body, "tokens", _int_list))
-    if dtype not in _ENCODING_NAMES:
-        _fail(f"unknown dtype {dtype!r}")
+    dim = required(body, "dim", positive)
+    dtype = required(body, "dtype", string)
+    vectors = required(body, "vectors", binary)
+    tokens = tuple(required(body, "tokens", int_list))
+    if dtype not in ENCODING_NAMES:
+        fail(f"unknown dtype {dtype!r}")
     encoding = Encoding(dtype)
     if len(vectors) != len(tokens) * row_bytes(encoding, dim):
-        _fail(f"'vectors' holds {len(vectors)} bytes, expected {len(tokens)} x {dim} {dtype}")
-    scales = _optional(body, "scales", _bin)
+        fail(f"'vectors' holds {len(vectors)} bytes, expected {len(tokens)} x {dim} {dtype}")
+    scales = optional(body, "scales", binary)
     if encoding == Encoding.INT8:
         if scales is None:
-            _fail("missing required field 'scales' (dtype int8)")
+            fail("missing required field 'scales' (dtype int8)")
         if len(scales) != len(tokens) * 4:
-            _fail(f"'scales' holds {len(scales)} bytes, expected {len(tokens)} float32")
+            fail(f"'scales' holds {len(scales)} bytes, expected {len(tokens)} float32")
     elif scales is not None:
-        _fail(f"'scales' is only valid with dtype int8, not {dtype}")
-    chunks = _optional(body, "chunks", _chunk_counts)
-    spans = _optional(body, "spans", _spans)
+        fail(f"'scales' is only valid with dtype int8, not {dtype}")
+    chunks = optional(body, "chunks", chunk_counts)
+    spans = optional(body, "spans", spans_list)
     if chunks is not None or spans is not None:
         _check_chunks(chunks, spans, len(tokens))
-    chunk_pooling = _optional(body, "chunk_pooling", _chunk_pooling)
+    chunk_pooling = optional(body, "chunk_pooling", chunk_pooling_name)
     if chunk_pooling is not None:
         _check_pooling(chunk_pooling, chunks, len(tokens))
     return EmbedResult(
-        requested_ms=_optional(body, "requested_ms", _non_negative),
+        requested_ms=optional(body, "requested_ms", non_negative),
         id=result_id,
-        model=_required(body, "model", _str),
+        model=required(body, "model", string),
         dim=dim,
         vectors=vectors,
         tokens=tokens,
@@ -275,31 +284,31 @@ def decode_result(data: bytes) -> Result:
 def _check_pooling(pooling: str, chunks: tuple[int, ...] | None, rows: int) -> None:
     """A result's ``chunk_pooling`` comes with ``chunks``, and says how many vectors."""
     if chunks is None:
-        _fail("'chunk_pooling' needs 'chunks' and 'spans'")
+        fail("'chunk_pooling' needs 'chunks' and 'spans'")
     expected = sum(chunks) if pooling == "none" else len(chunks)
     if rows != expected:
-        _fail(f"{rows} vectors with 'chunk_pooling' {pooling!r}: expected {expected}")
+        fail(f"{rows} vectors with 'chunk_pooling' {pooling!r}: expected {expected}")
 
 
 def _rerank_result(body: dict[str, Any], result_id: str, meta: Any) -> RerankResult:
-    scores = _required(body, "scores", _bin)
-    tokens = tuple(_required(body, "tokens", _int_list))
+    scores = required(body, "scores", binary)
+    tokens = tuple(required(body, "tokens", int_list))
     if len(scores) != 4 * len(tokens):
-        _fail(f"'scores' holds {len(scores)} bytes, expected {len(tokens)} float32")
-    order = tuple(_required(body, "order", _int_list))
+        fail(f"'scores' holds {len(scores)} bytes, expected {len(tokens)} float32")
+    order = tuple(required(body, "order", int_list))
     if len(set(order)) != len(order) or any(not 0 <= i < len(tokens) for i in order):
-        _fail(f"'order' must hold distinct document indices in 0..{len(tokens) - 1}")
-    documents = _optional(body, "documents", _str_list)
+        fail(f"'order' must hold distinct document indices in 0..{len(tokens) - 1}")
+    documents = optional(body, "documents", str_list)
     if documents is not None and len(documents) != len(order):
-        _fail(f"'documents' has {len(documents)} entries for {len(order)} in 'order'")
+        fail(f"'documents' has {len(documents)} entries for {len(order)} in 'order'")
     return RerankResult(
         id=result_id,
-        model=_required(body, "model", _str),
+        model=required(body, "model", string),
         scores=scores,
         order=order,
         tokens=tokens,
         documents=documents,
-        requested_ms=_optional(body, "requested_ms", _non_negative),
+        requested_ms=optional(body, "requested_ms", non_negative),
         meta=meta,
     )
 
@@ -310,12 +319,12 @@ def _check_chunks(
     """``chunks`` and ``spans`` come together: one span per chunk, and one row per chunk
     (``chunk_pooling`` none) or per input (mean)."""
     if chunks is None or spans is None:
-        _fail("'chunks' and 'spans' must be given together")
+        fail("'chunks' and 'spans' must be given together")
     total = sum(chunks)
     if len(spans) != total:
-        _fail(f"'spans' has {len(spans)} entries for {total} chunks")
+        fail(f"'spans' has {len(spans)} entries for {total} chunks")
     if rows not in (total, len(chunks)):
-        _fail(f"{rows} vectors for {len(chunks)} inputs in {total} chunks")
+        fail(f"{rows} vectors for {len(chunks)} inputs in {total} chunks")
 
 
 def _packed_value(data: bytes, key: str) -> bytes:
@@ -341,9 +350,9 @@ def _unpack_map(data: bytes) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise _invalid_utf8(data) from None
     except Exception:  # noqa: BLE001 (msgpack raises many types for garbage; all mean "invalid")
-        _fail("message is not valid msgpack")
+        fail("message is not valid msgpack")
     if not isinstance(body, dict):
-        _fail("message must be a msgpack map")
+        fail("message must be a msgpack map")
     return body
 
 
@@ -388,62 +397,62 @@ def _clean(value: object) -> bool:
 def _envelope(body: dict[str, Any]) -> Envelope:
     def get(key: str, check: Callable[[object], _T]) -> _T | None:
         try:
-            return _optional(body, key, check)
+            return optional(body, key, check)
         except SchemaError:
             return None
 
     return Envelope(
-        id=get("id", _id),
-        reply_to=get("reply_to", _topic),
-        reply_partition=get("reply_partition", _non_negative),
+        id=get("id", identifier),
+        reply_to=get("reply_to", topic_name),
+        reply_partition=get("reply_partition", non_negative),
     )
 
 
 def _check_version(body: dict[str, Any]) -> None:
-    version = _required(body, "v", _int)
+    version = required(body, "v", integer)
     if version > VERSION:
         raise SchemaError(
             ErrorCode.UNSUPPORTED_VERSION,
             f"version {version} is not supported; this worker speaks v{VERSION}",
         )
     if version != VERSION:
-        _fail(f"'v' must be {VERSION}")
+        fail(f"'v' must be {VERSION}")
 
 
 def _request_from_map(body: dict[str, Any]) -> Request:
     _check_version(body)
-    request_id = _required(body, "id", _id)
-    if (_optional(body, "kind", _kind) or Kind.EMBED) == Kind.RERANK:
+    request_id = required(body, "id", identifier)
+    if (optional(body, "kind", kind_name) or Kind.EMBED) == Kind.RERANK:
         return _rerank_from_map(body, request_id)
-    inputs = _required(body, "inputs", _inputs)
-    keys = _optional(body, "keys", _keys)
+    inputs = required(body, "inputs", inputs_list)
+    keys = optional(body, "keys", keys_list)
     if keys is not None and len(keys) != len(inputs):
-        _fail(f"'keys' has {len(keys)} entries for {len(inputs)} inputs")
-    meta = _optional(body, "meta", _meta)
+        fail(f"'keys' has {len(keys)} entries for {len(inputs)} inputs")
+    meta = optional(body, "meta", meta_map)
     if meta is not None:
         _check_docs(meta, len(inputs))
-    prompt = _optional(body, "prompt", _str)
-    prompt_name = _optional(body, "prompt_name", _non_empty_str)
+    prompt = optional(body, "prompt", string)
+    prompt_name = optional(body, "prompt_name", non_empty)
     if prompt is not None and prompt_name is not None:
-        _fail("'prompt' and 'prompt_name' are exclusive: give the text or the name")
-    chunking = _optional(body, "chunking", _chunking)
-    chunk_pooling = _optional(body, "chunk_pooling", _chunk_pooling) or "none"
+        fail("'prompt' and 'prompt_name' are exclusive: give the text or the name")
+    chunking = optional(body, "chunking", chunking_value)
+    chunk_pooling = optional(body, "chunk_pooling", chunk_pooling_name) or "none"
     if chunk_pooling != "none" and chunking is None:
-        _fail(f"'chunk_pooling' {chunk_pooling!r} needs 'chunking'")
+        fail(f"'chunk_pooling' {chunk_pooling!r} needs 'chunking'")
     return EmbedRequest(
         id=request_id,
         inputs=inputs,
-        model=_optional(body, "model", _non_empty_str),
-        normalize=_flag(body, "normalize"),
-        truncate=_flag(body, "truncate"),
-        truncation_direction=_optional(body, "truncation_direction", _direction),
-        dimensions=_optional(body, "dimensions", _positive),
-        encoding=_optional(body, "encoding", _encoding) or Encoding.FLOAT32,
+        model=optional(body, "model", non_empty),
+        normalize=flag(body, "normalize"),
+        truncate=flag(body, "truncate"),
+        truncation_direction=optional(body, "truncation_direction", direction),
+        dimensions=optional(body, "dimensions", positive),
+        encoding=optional(body, "encoding", encoding_value) or Encoding.FLOAT32,
         prompt=prompt,
         prompt_name=prompt_name,
-        deadline_ms=_optional(body, "deadline_ms", _non_negative),
-        reply_to=_optional(body, "reply_to", _topic),
-        reply_partition=_optional(body, "reply_partition", _non_negative),
+        deadline_ms=optional(body, "deadline_ms", non_negative),
+        reply_to=optional(body, "reply_to", topic_name),
+        reply_partition=optional(body, "reply_partition", non_negative),
         keys=keys,
         meta=meta,
         chunking=chunking,
@@ -454,18 +463,18 @@ def _request_from_map(body: dict[str, Any]) -> Request:
 def _rerank_from_map(body: dict[str, Any], request_id: str) -> RerankRequest:
     return RerankRequest(
         id=request_id,
-        query=_required(body, "query", _non_empty_str),
-        documents=_required(body, "documents", _inputs),
-        model=_optional(body, "model", _non_empty_str),
-        top_n=_optional(body, "top_n", _positive),
-        return_documents=_optional(body, "return_documents", _bool) or False,
-        raw_scores=_optional(body, "raw_scores", _bool) or False,
-        truncate=_flag(body, "truncate"),
-        truncation_direction=_optional(body, "truncation_direction", _direction),
-        deadline_ms=_optional(body, "deadline_ms", _non_negative),
-        reply_to=_optional(body, "reply_to", _topic),
-        reply_partition=_optional(body, "reply_partition", _non_negative),
-        meta=_optional(body, "meta", _meta),
+        query=required(body, "query", non_empty),
+        documents=required(body, "documents", inputs_list),
+        model=optional(body, "model", non_empty),
+        top_n=optional(body, "top_n", positive),
+        return_documents=optional(body, "return_documents", boolean) or False,
+        raw_scores=optional(body, "raw_scores", boolean) or False,
+        truncate=flag(body, "truncate"),
+        truncation_direction=optional(body, "truncation_direction", direction),
+        deadline_ms=optional(body, "deadline_ms", non_negative),
+        reply_to=optional(body, "reply_to", topic_name),
+        reply_partition=optional(body, "reply_partition", non_negative),
+        meta=optional(body, "meta", meta_map),
     )
 
 
@@ -475,214 +484,11 @@ def _check_docs(meta: dict[str, Any], inputs: int) -> None:
     if docs is None:
         return
     if not isinstance(docs, list):
-        _fail("'meta.docs' must be an array with one map per input")
+        fail("'meta.docs' must be an array with one map per input")
     if len(docs) != inputs:
-        _fail(f"'meta.docs' has {len(docs)} entries for {inputs} inputs")
+        fail(f"'meta.docs' has {len(docs)} entries for {inputs} inputs")
     for index, item in enumerate(docs):
         if item is not None and not (
             isinstance(item, dict) and all(isinstance(k, str) for k in item)
         ):
-            _fail(f"'meta.docs'[{index}] must be a map with string keys, or nil", index)
-
-
-def _fail(message: str, index: int | None = None) -> NoReturn:
-    raise SchemaError(ErrorCode.INVALID_REQUEST, message, index=index)
-
-
-def _required(body: dict[str, Any], key: str, check: Callable[[object], _T]) -> _T:
-    if key not in body:
-        _fail(f"missing required field {key!r}")
-    return _field(key, body[key], check)
-
-
-def _optional(body: dict[str, Any], key: str, check: Callable[[object], _T]) -> _T | None:
-    value = body.get(key)
-    if value is None:  # an explicit nil means "absent", as in most msgpack peers
-        return None
-    return _field(key, value, check)
-
-
-def _flag(body: dict[str, Any], key: str) -> bool:
-    """An optional boolean that defaults to true."""
-    value = _optional(body, key, _bool)
-    return True if value is None else value
-
-
-def _field(key: str, value: object, check: Callable[[object], _T]) -> _T:
-    try:
-        return check(value)
-    except _MistypedError as exc:
-        _fail(f"{key!r} {exc.args[0]}", index=exc.index)
-
-
-class _MistypedError(Exception):
-    def __init__(self, message: str, index: int | None = None) -> None:
-        super().__init__(message)
-        self.index = index
-
-
-def _int(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _MistypedError("must be an integer")
-    return value
-
-
-def _non_negative(value: object) -> int:
-    number = _int(value)
-    if number < 0:
-        raise _MistypedError("must be >= 0")
-    return number
-
-
-def _positive(value: object) -> int:
-    number = _int(value)
-    if number < 1:
-        raise _MistypedError("must be >= 1")
-    return number
-
-
-def _bool(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise _MistypedError("must be a boolean")
-    return value
-
-
-def _str(value: object) -> str:
-    if not isinstance(value, str):
-        raise _MistypedError("must be a string")
-    return value
-
-
-def _non_empty_str(value: object) -> str:
-    text = _str(value)
-    if not text:
-        raise _MistypedError("must not be empty")
-    return text
-
-
-def _bin(value: object) -> bytes:
-    if not isinstance(value, bytes):
-        raise _MistypedError("must be binary")
-    return value
-
-
-def _encoding(value: object) -> Encoding:
-    text = _str(value)
-    if text not in _ENCODING_NAMES:
-        raise _MistypedError(f"must be one of {', '.join(Encoding)}")
-    return Encoding(text)
-
-
-def _one_of(choices: tuple[str, ...]) -> Callable[[object], str]:
-    """The check of a string field that must be one of ``choices`` (exact)."""
-
-    def check(value: object) -> str:
-        text = _str(value)
-        if text not in choices:
-            raise _MistypedError(f"must be one of {', '.join(choices)}")
-        return text
-
-    return check
-
-
-_direction = _one_of(TRUNCATION_DIRECTIONS)
-_kind = _one_of(REQUEST_KINDS)
-_chunk_pooling = _one_of(CHUNK_POOLINGS)
-
-
-def _code(value: str) -> ErrorCode | str:
-    try:
-        return ErrorCode(value)
-    except ValueError:
-        return value  # a code newer than this client: keep it, callers treat it as internal
-
-
-def _id(value: object) -> str:
-    text = _non_empty_str(value)
-    if len(text.encode("utf-8")) > MAX_ID_BYTES:
-        raise _MistypedError(f"must be at most {MAX_ID_BYTES} bytes of UTF-8")
-    return text
-
-
-def _topic(value: object) -> str:
-    text = _str(value)
-    if not is_valid_topic(text):
-        raise _MistypedError("is not a valid Kafka topic name")
-    return text
-
-
-def _inputs(value: object) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise _MistypedError("must be an array of strings")
-    if not value:
-        raise _MistypedError("must hold at least one input")
-    for index, item in enumerate(value):
-        if not isinstance(item, str):
-            raise _MistypedError(f"[{index}] must be a string", index)
-        if not item:
-            raise _MistypedError(f"[{index}] must not be empty", index)
-    return tuple(value)
-
-
-def _str_list(value: object) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise _MistypedError("must be an array of strings")
-    return tuple(value)
-
-
-def _keys(value: object) -> tuple[Key, ...]:
-    if not isinstance(value, list):
-        raise _MistypedError("must be an array")
-    for index, item in enumerate(value):
-        if isinstance(item, bool) or not isinstance(item, str | int):
-            raise _MistypedError(f"[{index}] must be a string or an integer", index)
-    return tuple(value)
-
-
-def _int_list(value: object) -> list[int]:
-    if not isinstance(value, list):
-        raise _MistypedError("must be an array of integers")
-    return [_int(item) for item in value]
-
-
-def _chunking(value: object) -> Chunking:
-    if not isinstance(value, dict):
-        raise _MistypedError("must be a map with 'max_tokens' and optionally 'overlap_tokens'")
-    unknown = sorted(str(key) for key in value if key not in ("max_tokens", "overlap_tokens"))
-    if unknown:
-        raise _MistypedError(f"has unknown keys {', '.join(map(repr, unknown))}")
-    if value.get("max_tokens") is None:
-        raise _MistypedError("must hold 'max_tokens'")
-    overlap = value.get("overlap_tokens")
-    overlap = 0 if overlap is None else overlap
-    problem = chunking_problem(value["max_tokens"], overlap)
-    if problem is not None:
-        _fail(problem)
-    return Chunking(value["max_tokens"], overlap)
-
-
-def _chunk_counts(value: object) -> tuple[int, ...]:
-    counts = _int_list(value)
-    if any(count < 1 for count in counts):
-        raise _MistypedError("must hold integers >= 1")
-    return tuple(counts)
-
-
-def _spans(value: object) -> tuple[Span, ...]:
-    if not isinstance(value, list):
-        raise _MistypedError("must be an array of [start, end] pairs")
-    spans: list[Span] = []
-    for index, item in enumerate(value):
-        if not (isinstance(item, list) and len(item) == 2):
-            raise _MistypedError(f"[{index}] must be a [start, end] pair")
-        start, end = _int(item[0]), _int(item[1])
-        if not 0 <= start < end:
-            raise _MistypedError(f"[{index}] must have 0 <= start < end, not [{start}, {end}]")
-        spans.append((start, end))
-    return tuple(spans)
-
-
-def _meta(value: object) -> dict[str, Any]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise _MistypedError("must be a map with string keys")
-    return value
+            fail(f"'meta.docs'[{index}] must be a map with string keys, or nil", index)
