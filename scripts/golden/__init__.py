@@ -1,0 +1,1 @@
+"""The golden test vectors of wire format v1, by family (written by scripts.make_golden_vectors)."""
