@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from schemas import (
     decode_result,
 )
 from schemas.codec import encode_request
+from tests.support.kafka import FakePublisher, FakeSource
 from worker.batcher import TokenBudget
 from worker.cache import VectorCache
 from worker.encoder import EncoderOutOfMemoryError, ModelInfo, Prepared
@@ -121,57 +122,6 @@ def out_of_memory_above(
     return fail
 
 
-class FakeSource:
-    """Hands out each wave of records in one poll, in the order the waves were added."""
-
-    def __init__(self, partitions: set[TopicPartition]) -> None:
-        self.partitions = partitions
-        self.waves: asyncio.Queue[list[Record]] = asyncio.Queue()
-        self.commits: list[dict[TopicPartition, int]] = []
-
-    async def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
-        try:
-            return await asyncio.wait_for(self.waves.get(), timeout_ms / 1000)
-        except TimeoutError:
-            return []
-
-    def assignment(self) -> set[TopicPartition]:
-        return set(self.partitions)
-
-    def pause(self, partitions: set[TopicPartition]) -> None:
-        pass
-
-    def resume(self, partitions: set[TopicPartition]) -> None:
-        pass
-
-    def lag(self) -> dict[TopicPartition, int]:
-        return {}
-
-    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        self.commits.append(dict(offsets))
-
-    def in_group(self) -> bool:
-        return True
-
-
-class FakePublisher:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes]] = []
-        self.more = asyncio.Event()
-
-    async def send(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: Sequence[tuple[str, bytes]] = (),
-    ) -> None:
-        self.sent.append((topic, value))
-        self.more.set()
-
-
 class Harness:
     """A pipeline over the fakes; :meth:`send` adds a wave of requests, :meth:`answers`
     waits for them."""
@@ -233,7 +183,7 @@ class Harness:
                 self.publisher.more.clear()
                 await self.publisher.more.wait()
         await asyncio.sleep(0.05)  # a duplicate would show up meanwhile
-        results = [decode_result(value) for _, value in self.publisher.sent]
+        results = [decode_result(value) for _, value, _ in self.publisher.sent]
         ids = [result.id for result in results]
         assert len(ids) == len(set(ids)), "a request was answered twice"
         assert set(ids) == set(self.requests), set(self.requests) - set(ids)

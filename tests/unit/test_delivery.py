@@ -19,6 +19,7 @@ from kembed_shared.kafka.commit_errors import FatalCommitError
 from kembed_shared.observability.probes import Probes
 from kembed_shared.ports import KafkaAccessError, PublishError, Record, TopicPartition
 from schemas.headers import CORRELATION_ID, DLQ_ERROR_CODE, DLQ_ERROR_MESSAGE, LANE
+from tests.support.kafka import FakeSource
 from worker.at_least_once import AtLeastOnce
 from worker.delivery import make_delivery
 from worker.exactly_once import ExactlyOnce, TransactionError
@@ -107,39 +108,6 @@ class FakeTransactions:
         return done
 
 
-class FakeSource:
-    def __init__(self) -> None:
-        self.member = True
-        self.owned: set[TopicPartition] = {TP, OTHER}
-        self.commits: list[dict[TopicPartition, int]] = []
-        self.attempts = 0
-        self.commit_error: Exception | None = None  # raised by commit() while set
-
-    async def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
-        return []
-
-    def assignment(self) -> set[TopicPartition]:
-        return set(self.owned)
-
-    def pause(self, partitions: set[TopicPartition]) -> None:
-        pass
-
-    def resume(self, partitions: set[TopicPartition]) -> None:
-        pass
-
-    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        self.attempts += 1
-        if self.commit_error is not None:
-            raise self.commit_error
-        self.commits.append(dict(offsets))
-
-    def lag(self) -> dict[TopicPartition, int]:
-        return {}
-
-    def in_group(self) -> bool:
-        return self.member
-
-
 class Harness:
     def __init__(
         self,
@@ -150,7 +118,7 @@ class Harness:
         settle_s: float = 0.0,
     ):
         self.producer = FakeTransactions()
-        self.source = FakeSource()
+        self.source = FakeSource({TP, OTHER})
         self.tracker = OffsetTracker()
         self.fatal: list[BaseException] = []
         self.dead_letters: list[str] = []
@@ -668,7 +636,7 @@ async def test_an_expelled_worker_commits_nothing() -> None:
 
 async def test_make_delivery_picks_the_strategy_from_settings() -> None:
     """delivery=exactly_once needs a transactional publisher; the default a plain one."""
-    tracker, source = OffsetTracker(), FakeSource()
+    tracker, source = OffsetTracker(), FakeSource({TP, OTHER})
 
     class Plain:
         async def send(
@@ -718,7 +686,7 @@ async def test_at_least_once_commits_acknowledged_answers_through_the_consumer()
         ) -> None:
             sent.append(topic)
 
-    tracker, source = OffsetTracker(), FakeSource()
+    tracker, source = OffsetTracker(), FakeSource({TP, OTHER})
     delivery = AtLeastOnce(
         Plain(),
         source,
@@ -786,7 +754,7 @@ async def test_a_commit_that_cannot_pass_fails_the_worker_once(error: Exception,
     it as kafka.<kind>_failed and exits 1), without a warning of its own, and the commit
     loop ends instead of trying again every interval while offsets never move."""
     fatal: list[BaseException] = []
-    source = FakeSource()
+    source = FakeSource({TP, OTHER})
     delivery = at_least_once(source, fatal)
     record = Record(TP[0], TP[1], 0, b"")
     delivery.track(record)
@@ -812,7 +780,7 @@ async def test_rebalance_failures_that_outlast_a_rebalance_fail_the_worker() -> 
     takes (give_up_after_s: max_poll_interval_ms + session_timeout_ms) mean the worker
     never gets back into its group: a FatalCommitError (kind "commit")."""
     fatal: list[BaseException] = []
-    source = FakeSource()
+    source = FakeSource({TP, OTHER})
     delivery = AtLeastOnce(
         PlainPublisher(),
         source,
@@ -842,7 +810,7 @@ async def test_a_commit_refused_by_a_rebalance_is_retried_by_the_next_one() -> N
     a rebalance in progress) is a warning; the commit loop goes on and a later commit
     moves the offsets."""
     fatal: list[BaseException] = []
-    source = FakeSource()
+    source = FakeSource({TP, OTHER})
     delivery = at_least_once(source, fatal)
     record = Record(TP[0], TP[1], 0, b"")
     delivery.track(record)
@@ -883,7 +851,7 @@ async def test_a_fatal_commit_makes_the_worker_unhealthy() -> None:
 
     probes = Probes(stuck_batch_s=60.0, phase="serving")
     probes.pipeline = View()
-    source = FakeSource()
+    source = FakeSource({TP, OTHER})
     delivery = AtLeastOnce(
         PlainPublisher(),
         source,
@@ -949,7 +917,7 @@ async def test_every_answer_carries_the_lane_of_its_request_both_ways() -> None:
 
     delivery = AtLeastOnce(
         Plain(),
-        FakeSource(),
+        FakeSource({TP, OTHER}),
         OffsetTracker(),
         results_topic="embed.results",
         dlq_topic="embed.requests.dlq",

@@ -27,13 +27,12 @@ from schemas import (
     decode_result,
     encode_request,
 )
+from tests.support.kafka import FakePublisher, FakeSource
 from tests.unit.test_batch_failures import (
     MAX_SEQ,
     POISON,
     TOPIC,
     FakeEncoder,
-    FakePublisher,
-    FakeSource,
     fails_on_poison,
     word_tokenizer,
 )
@@ -119,7 +118,7 @@ async def _run(
     await asyncio.sleep(0.05)
     pipeline.stop()
     await asyncio.wait_for(task, 30)
-    results = [decode_result(value) for _, value in publisher.sent]
+    results = [decode_result(value) for _, value, _ in publisher.sent]
     assert len(results) == len({r.id for r in results}) == len(requests)
     out: dict[str, object] = {r.id: r for r in results}
     out["_metrics"] = metrics

@@ -36,6 +36,8 @@ from sink.metrics import SinkMetrics
 from sink.rows import Row
 from sink.settings import SinkSettings
 from sink.store import DimensionMismatchError, Metric, RowsRefusedError, TransientWriteError
+from tests.support.kafka import FakePublisher as SharedPublisher
+from tests.support.kafka import FakeSource as SharedSource
 
 TOPIC = "embed.ingest.docs"  # the sink's default results topic
 
@@ -45,34 +47,23 @@ class Log:
         self.calls: list[tuple[str, Any]] = []
 
 
-class FakeSource:
+class FakeSource(SharedSource):
+    """The sink's consumer: two partitions, commits noted in the call log."""
+
     def __init__(self, log: Log) -> None:
+        super().__init__({(TOPIC, 0), (TOPIC, 1)})
         self.log = log
-
-    async def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
-        return []
-
-    def assignment(self) -> set[TopicPartition]:
-        return {(TOPIC, 0), (TOPIC, 1)}
-
-    def pause(self, partitions: set[TopicPartition]) -> None: ...
-
-    def resume(self, partitions: set[TopicPartition]) -> None: ...
-
-    def lag(self) -> dict[TopicPartition, int]:
-        return {}
 
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         self.log.calls.append(("commit", dict(offsets)))
 
-    def in_group(self) -> bool:
-        return True
 
+class FakePublisher(SharedPublisher):
+    """The dead-letter publisher: each message's error code noted in the call log."""
 
-class FakePublisher:
     def __init__(self, log: Log) -> None:
+        super().__init__()
         self.log = log
-        self.sent: list[tuple[str, bytes, dict[str, bytes]]] = []
 
     async def send(
         self,
@@ -84,7 +75,7 @@ class FakePublisher:
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
         self.log.calls.append(("dead_letter", dict(headers)[DLQ_ERROR_CODE].decode()))
-        self.sent.append((topic, value, dict(headers)))
+        await super().send(topic, value, key=key, partition=partition, headers=headers)
 
 
 class FakeStore:
