@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 import structlog
 
@@ -71,6 +71,7 @@ class _Answer:  # mutable: a refused result becomes a dead letter
     done: asyncio.Future[bool]
 
 
+@dataclass(slots=True, eq=False)
 class ExactlyOnce:
     """Answers and the offsets they make committable, written in Kafka transactions.
 
@@ -100,63 +101,52 @@ class ExactlyOnce:
     is dropped, since the partition's new owner answers that record itself.
     """
 
-    def __init__(
-        self,
-        producer: TransactionalPublisher,
-        source: Source,
-        tracker: OffsetTracker,
-        *,
-        group_id: str,
-        results_topic: str,
-        dlq_topic: str,
-        interval_s: float,
-        timeout_s: float,
-        on_fatal: Callable[[BaseException], None],
-        on_dead_letter: Callable[[str], None] = lambda code: None,
-        max_answers: int = MAX_TRANSACTION_ANSWERS,
-        settle_s: float = SETTLE_S,
-        retry_for_s: float = 300.0,
-        on_retry: Callable[[], None] = lambda: None,
-    ) -> None:
-        self._producer = producer
-        self._retry_for_s = retry_for_s
-        self._on_retry = on_retry
-        self._source = source
-        self._tracker = tracker
-        self._group_id = group_id
-        self._results_topic = results_topic
-        self._dlq_topic = dlq_topic
-        self._interval = interval_s
-        self._timeout = timeout_s
-        self._on_fatal = on_fatal
-        self._on_dead_letter = on_dead_letter
-        self._max_answers = max_answers
-        self._settle = settle_s
-        self._ended = 0.0  # time.monotonic() when the last transaction ended
-        self._waiting: list[_Answer] = []  # arrived since the last transaction
-        # Claimed answers behind an unanswered record of their partition, by offset.
-        self._held: dict[TopicPartition, dict[int, _Answer]] = {}
-        self._arrived = asyncio.Event()  # set when the first answer waits, or many do
-        self._lock = asyncio.Lock()  # one transaction at a time
-        self._live: dict[TopicPartition, dict[int, Record]] = {}  # tracked, not yet answered
-        self._committed: dict[TopicPartition, int] = {}
-        self._failed: BaseException | None = None
-        self._phase = ""  # the step the current transaction is in, for failure logs
-        self.transactions = 0
-        """Transactions committed."""
-        self.dropped = 0
-        """Answers dropped because their partition had moved."""
+    producer: TransactionalPublisher
+    source: Source
+    tracker: OffsetTracker
+    _: KW_ONLY
+    group_id: str
+    results_topic: str
+    dlq_topic: str
+    interval_s: float
+    timeout_s: float
+    on_fatal: Callable[[BaseException], None]
+    on_dead_letter: Callable[[str], None] = lambda code: None
+    max_answers: int = MAX_TRANSACTION_ANSWERS
+    settle_s: float = SETTLE_S
+    retry_for_s: float = 300.0
+    on_retry: Callable[[], None] = lambda: None
+    # time.monotonic() when the last transaction ended.
+    _ended: float = field(init=False, default=0.0)
+    # Arrived since the last transaction.
+    _waiting: list[_Answer] = field(init=False, default_factory=list)
+    # Claimed answers behind an unanswered record of their partition, by offset.
+    _held: dict[TopicPartition, dict[int, _Answer]] = field(init=False, default_factory=dict)
+    # Set when the first answer waits, or many do.
+    _arrived: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    # One transaction at a time.
+    _lock: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
+    # Tracked, not yet answered.
+    _live: dict[TopicPartition, dict[int, Record]] = field(init=False, default_factory=dict)
+    _committed: dict[TopicPartition, int] = field(init=False, default_factory=dict)
+    _failed: BaseException | None = field(init=False, default=None)
+    # The step the current transaction is in, for failure logs.
+    _phase: str = field(init=False, default="")
+    transactions: int = field(init=False, default=0)
+    """Transactions committed."""
+    dropped: int = field(init=False, default=0)
+    """Answers dropped because their partition had moved."""
 
     def track(self, record: Record) -> None:
-        self._tracker.track(record.tp, record.offset)
+        self.tracker.track(record.tp, record.offset)
         self._live.setdefault(record.tp, {})[record.offset] = record
 
     async def answer(self, record: Record, reply: ReplyTo, value: bytes) -> bool:
-        topic = reply.reply_to or self._results_topic
+        topic = reply.reply_to or self.results_topic
         try:
             await self._check_destination(topic, reply.reply_partition)
         except PublishError as exc:
-            if not answer_failed(exc, record, reply, topic, self._on_fatal):
+            if not answer_failed(exc, record, reply, topic, self.on_fatal):
                 return False
             return await self.dead_letter(record, "reply_failed", exc.reason)
         message = _Message(
@@ -170,23 +160,23 @@ class ExactlyOnce:
 
     async def dead_letter(self, record: Record, code: str, message: str) -> bool:
         try:
-            await self._check_destination(self._dlq_topic, None)
+            await self._check_destination(self.dlq_topic, None)
         except PublishError as exc:
-            return dead_letter_failed(exc, record, self._on_fatal)
+            return dead_letter_failed(exc, record, self.on_fatal)
         return await self._wait(record, self._letter(record, code, message))
 
     async def _check_destination(self, topic: str, partition: int | None) -> None:
         """The producer's check, its transient failures retried for up to retry_for_s."""
         await retry_transient(
-            lambda: self._producer.check_destination(topic, partition),
+            lambda: self.producer.check_destination(topic, partition),
             topic=topic,
-            retry_for_s=self._retry_for_s,
-            on_retry=self._on_retry,
+            retry_for_s=self.retry_for_s,
+            on_retry=self.on_retry,
         )
 
     def _letter(self, record: Record, code: str, message: str, *, value: bool = True) -> _Message:
         return _Message(
-            self._dlq_topic,
+            self.dlq_topic,
             (record.value or b"") if value else b"",
             record.key,
             None,
@@ -200,7 +190,7 @@ class ExactlyOnce:
             return False
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Answer(record, message, time.monotonic(), done))
-        if len(self._waiting) == 1 or len(self._waiting) >= self._max_answers:
+        if len(self._waiting) == 1 or len(self._waiting) >= self.max_answers:
             self._arrived.set()
         return await done
 
@@ -212,11 +202,11 @@ class ExactlyOnce:
                 await self._arrived.wait()
                 continue
             now = time.monotonic()
-            settled = self._ended + self._settle
-            if len(self._waiting) >= self._max_answers:
+            settled = self._ended + self.settle_s
+            if len(self._waiting) >= self.max_answers:
                 start = settled
             else:
-                start = max(self._waiting[0].since + self._interval, settled)
+                start = max(self._waiting[0].since + self.interval_s, settled)
             if start > now:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._arrived.wait(), start - now)
@@ -235,7 +225,7 @@ class ExactlyOnce:
         """Drop revoked partitions, and the answers held in them: those records are above
         the committed offset, so the partitions' next owner answers them."""
         partitions = list(partitions)
-        self._tracker.forget(partitions)
+        self.tracker.forget(partitions)
         held: list[_Answer] = []
         for tp in partitions:
             self._live.pop(tp, None)
@@ -260,14 +250,14 @@ class ExactlyOnce:
                 # Their partitions moved (or were taken anew): not ours to answer, and not
                 # ours to mark answered either (a record fetched anew may have the offset).
                 self._drop(stale, "revoked")
-            if self._held and not self._source.in_group():
+            if self._held and not self.source.in_group():
                 # Expelled: the partitions are someone else's now, and so are these answers.
                 # They count as answered so that the revocation that follows does not wait
                 # for them; nothing is committed before that revocation forgets them.
                 expelled = [answer for held in self._held.values() for answer in held.values()]
                 self._held.clear()
                 for answer in expelled:
-                    self._tracker.done(answer.record.tp, answer.record.offset)
+                    self.tracker.done(answer.record.tp, answer.record.offset)
                 self._drop(expelled, "not_in_group")
                 return
             live = self._covered({answer.record.tp for answer in batch})
@@ -279,7 +269,7 @@ class ExactlyOnce:
             self.transactions += 1
             for answer in live:
                 if answer.message.code is not None:
-                    self._on_dead_letter(answer.message.code)
+                    self.on_dead_letter(answer.message.code)
                 if not answer.done.done():
                     answer.done.set_result(True)
 
@@ -292,7 +282,7 @@ class ExactlyOnce:
         covered: list[_Answer] = []
         for tp in arrived & self._held.keys():
             held = self._held[tp]
-            gap = self._tracker.first_unanswered(tp, held)
+            gap = self.tracker.first_unanswered(tp, held)
             for offset in [offset for offset in held if gap is None or offset < gap]:
                 covered.append(held.pop(offset))
             if not held:
@@ -312,7 +302,7 @@ class ExactlyOnce:
         for attempt in range(_ATTEMPTS):
             sends: list[Awaitable[object]] = []
             try:
-                async with asyncio.timeout(self._timeout):
+                async with asyncio.timeout(self.timeout_s):
                     return await self._write(live, sends)
             except Exception as exc:  # noqa: BLE001 (any failure: abort, then see what failed)
                 error = exc
@@ -359,37 +349,37 @@ class ExactlyOnce:
         self, live: list[_Answer], sends: list[Awaitable[object]]
     ) -> dict[TopicPartition, int]:
         self._phase = "begin"
-        await self._producer.begin()
+        await self.producer.begin()
         self._phase = "send"
         for answer in live:
             m = answer.message
             sends.append(
-                await self._producer.send(
+                await self.producer.send(
                     m.topic, m.value, key=m.key, partition=m.partition, headers=m.headers
                 )
             )
         for answer in live:
-            self._tracker.done(answer.record.tp, answer.record.offset)
+            self.tracker.done(answer.record.tp, answer.record.offset)
         offsets = {
             tp: offset
-            for tp in self._tracker.partitions()
-            if (offset := self._tracker.committable(tp)) is not None
+            for tp in self.tracker.partitions()
+            if (offset := self.tracker.committable(tp)) is not None
             and offset != self._committed.get(tp)
         }
         self._phase = "send_offsets"
         if offsets:
-            await self._producer.send_offsets(offsets, self._group_id)
+            await self.producer.send_offsets(offsets, self.group_id)
         # Every message must be on the broker before the commit: a send that failed would
         # otherwise be lost while its record's offset is committed.
         self._phase = "delivery"
         await asyncio.gather(*sends)
         self._phase = "commit"
-        await self._producer.commit()
+        await self.producer.commit()
         return offsets
 
     async def _try_abort(self) -> bool:
         try:
-            await asyncio.wait_for(self._producer.abort(), self._timeout)
+            await asyncio.wait_for(self.producer.abort(), self.timeout_s)
         except Exception as exc:  # noqa: BLE001 (the broker aborts it at transaction_timeout_ms)
             log.warning("transaction.abort_failed", error=type(exc).__name__)
             return False
@@ -411,7 +401,7 @@ class ExactlyOnce:
                 answer.done.set_result(False)
         self._waiting.clear()
         self._held.clear()
-        self._on_fatal(TransactionError(f"transaction failed: {type(error).__name__}"))
+        self.on_fatal(TransactionError(f"transaction failed: {type(error).__name__}"))
 
     def _claim(self, record: Record) -> bool:
         """True (once) if ``record`` is the live one of its partition and offset."""

@@ -16,7 +16,7 @@ it.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import structlog
 
@@ -42,29 +42,20 @@ class ReplyTo:
     ``kembed.lane``); "" : none."""
 
 
+@dataclass(slots=True, eq=False)
 class Replier:
-    def __init__(
-        self,
-        publisher: Publisher,
-        *,
-        results_topic: str,
-        dlq_topic: str,
-        on_fatal: Callable[[BaseException], None],
-        retry_for_s: float = 300.0,
-        on_retry: Callable[[], None] = lambda: None,
-        on_dead_letter: Callable[[str], None] = lambda code: None,
-    ) -> None:
-        self._publisher = publisher
-        self._retry_for_s = retry_for_s
-        self._on_retry = on_retry
-        self._on_dead_letter = on_dead_letter
-        self._results_topic = results_topic
-        self._dlq_topic = dlq_topic
-        self._on_fatal = on_fatal
+    publisher: Publisher
+    _: KW_ONLY
+    results_topic: str
+    dlq_topic: str
+    on_fatal: Callable[[BaseException], None]
+    retry_for_s: float = 300.0
+    on_retry: Callable[[], None] = lambda: None
+    on_dead_letter: Callable[[str], None] = lambda code: None
 
     async def answer(self, record: Record, reply: ReplyTo, value: bytes) -> bool:
         """Publish ``value`` to the request's reply topic; dead-letter it if that fails."""
-        topic = reply.reply_to or self._results_topic
+        topic = reply.reply_to or self.results_topic
         try:
             await self._send(
                 topic,
@@ -74,7 +65,7 @@ class Replier:
                 headers=result_headers(reply.id, reply.lane),
             )
         except PublishError as exc:
-            if not answer_failed(exc, record, reply, topic, self._on_fatal):
+            if not answer_failed(exc, record, reply, topic, self.on_fatal):
                 return False
             return await self.dead_letter(record, "reply_failed", exc.reason)
         return True
@@ -84,7 +75,7 @@ class Replier:
         try:
             try:
                 await self._send(
-                    self._dlq_topic,
+                    self.dlq_topic,
                     record.value or b"",
                     key=record.key,
                     headers=dead_letter_headers(record, code, message),
@@ -98,14 +89,14 @@ class Replier:
                 log.warning("dead_letter.value_omitted", reason=exc.reason, **record_fields(record))
                 omitted = f"{message} (value of {len(record.value)} bytes omitted: {exc.reason})"
                 await self._send(
-                    self._dlq_topic,
+                    self.dlq_topic,
                     b"",
                     key=record.key,
                     headers=dead_letter_headers(record, code, omitted),
                 )
         except PublishError as exc:
-            return dead_letter_failed(exc, record, self._on_fatal)
-        self._on_dead_letter(code)
+            return dead_letter_failed(exc, record, self.on_fatal)
+        self.on_dead_letter(code)
         return True
 
     async def _send(
@@ -119,12 +110,12 @@ class Replier:
     ) -> None:
         """Send, retrying transient failures (see :func:`retry_transient`)."""
         await retry_transient(
-            lambda: self._publisher.send(
+            lambda: self.publisher.send(
                 topic, value, key=key, partition=partition, headers=headers
             ),
             topic=topic,
-            retry_for_s=self._retry_for_s,
-            on_retry=self._on_retry,
+            retry_for_s=self.retry_for_s,
+            on_retry=self.on_retry,
         )
 
 

@@ -20,6 +20,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 import structlog
@@ -72,6 +73,7 @@ def instance_id(client_id: str) -> str:
     return f"{client_id}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+@dataclass(slots=True, eq=False)
 class Announcer:
     """Keeps one worker instance's model cards on the catalog topic.
 
@@ -79,29 +81,22 @@ class Announcer:
     valid card can carry (readers would drop it as malformed).
     """
 
-    def __init__(
-        self,
-        producer: CardProducer,
-        *,
-        topic: str,
-        group_id: str,
-        instance: str,
-        interval_s: float,
-        models: Sequence[ModelDescription],
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._producer = producer
-        self._topic = topic
-        self._interval_s = interval_s
-        self._clock = clock
-        self._group_id = group_id
-        self._instance = instance
-        self._models = tuple(models)
+    producer: CardProducer
+    _: KW_ONLY
+    topic: str
+    group_id: str
+    instance: str
+    interval_s: float
+    models: Sequence[ModelDescription]
+    clock: Callable[[], float] = time.time
+    _task: asyncio.Task[None] | None = field(init=False, default=None)
+    rounds: int = field(init=False, default=0)
+    """Rounds of cards the broker acknowledged."""
+
+    def __post_init__(self) -> None:
+        self.models = tuple(self.models)
         for card in self._cards(0):  # a model a card cannot describe fails here, not later
             _check(card)
-        self._task: asyncio.Task[None] | None = None
-        self.rounds = 0
-        """Rounds of cards the broker acknowledged."""
 
     @property
     def keys(self) -> list[bytes]:
@@ -122,56 +117,56 @@ class Announcer:
         try:
             async with asyncio.timeout(_STOP_TIMEOUT_S):
                 await asyncio.gather(
-                    *(self._producer.send_and_wait(self._topic, None, key) for key in self.keys)
+                    *(self.producer.send_and_wait(self.topic, None, key) for key in self.keys)
                 )
         except Exception as exc:  # noqa: BLE001 (best effort: the worker stops anyway)
             log.warning(
-                "catalog.withdraw_failed", topic=self._topic, error=_describe(exc),
+                "catalog.withdraw_failed", topic=self.topic, error=_describe(exc),
                 note="readers drop the cards once they are 3 intervals old",
             )  # fmt: skip
         else:
-            log.info("catalog.withdrawn", topic=self._topic, models=len(self._models))
+            log.info("catalog.withdrawn", topic=self.topic, models=len(self.models))
 
     async def announce(self) -> bool:
         """Write every card once; True when the broker acknowledged them all."""
-        cards = self._cards(int(self._clock() * 1000))
+        cards = self._cards(int(self.clock() * 1000))
         try:
             async with asyncio.timeout(_SEND_TIMEOUT_S):
                 await asyncio.gather(
                     *(
-                        self._producer.send_and_wait(self._topic, encode_card(card), card.key)
+                        self.producer.send_and_wait(self.topic, encode_card(card), card.key)
                         for card in cards
                     )
                 )
         except Exception as exc:  # noqa: BLE001 (never fatal: the worker serves without it)
-            log.warning("catalog.announce_failed", topic=self._topic, error=_describe(exc))
+            log.warning("catalog.announce_failed", topic=self.topic, error=_describe(exc))
             return False
         if self.rounds == 0:
             log.info(
                 "catalog.announced",
-                topic=self._topic,
-                instance=self._instance,
+                topic=self.topic,
+                instance=self.instance,
                 models=[card.name for card in cards],
-                interval_s=self._interval_s,
+                interval_s=self.interval_s,
             )
         self.rounds += 1
         return True
 
     async def _refresh_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._interval_s)
+            await asyncio.sleep(self.interval_s)
             await self.announce()
 
     def _cards(self, now_ms: int) -> list[ModelCard]:
-        interval_ms = max(1, round(self._interval_s * 1000))
+        interval_ms = max(1, round(self.interval_s * 1000))
         return [
             model.card(
-                group_id=self._group_id,
-                instance=self._instance,
+                group_id=self.group_id,
+                instance=self.instance,
                 announced_ms=now_ms,
                 interval_ms=interval_ms,
             )
-            for model in self._models
+            for model in self.models
         ]
 
 

@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
@@ -41,39 +42,29 @@ _INLINE_TOKENIZE_CHARS = 4096
 _BULK_TOKENIZE_TEXTS = 512
 
 
+@dataclass(slots=True, eq=False, kw_only=True)
 class Admission:
-    def __init__(
-        self,
-        *,
-        source: Source,
-        delivery: Delivery,
-        models: Mapping[str, ServedModel],
-        limits: Limits,
-        scheduler: LaneScheduler[Job],
-        inflight: InFlight,
-        cache: VectorCache,
-        settlement: Settlement,
-        tasks: Tasks,
-        settings: WorkerSettings,
-        work_waiting: asyncio.Event,
-    ) -> None:
-        self._source = source
-        self._delivery = delivery
-        self._models = models
-        self._limits = limits
-        self._scheduler = scheduler
-        self._inflight = inflight
-        self._cache = cache
-        self._settlement = settlement
-        self._tasks = tasks
-        self._settings = settings
-        self._work_waiting = work_waiting
-        self._chunkers: dict[str, Chunker] = {}  # per model, made on its first chunking
-        self.tokenize_thread = ThreadPoolExecutor(1, thread_name_prefix="kembed-tokenizer")
+    source: Source
+    delivery: Delivery
+    models: Mapping[str, ServedModel]
+    limits: Limits
+    scheduler: LaneScheduler[Job]
+    inflight: InFlight
+    cache: VectorCache
+    settlement: Settlement
+    tasks: Tasks
+    settings: WorkerSettings
+    work_waiting: asyncio.Event
+    # Per model, made on its first chunking.
+    _chunkers: dict[str, Chunker] = field(init=False, default_factory=dict)
+    tokenize_thread: ThreadPoolExecutor = field(
+        init=False,
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="kembed-tokenizer"),
+    )
 
     async def fetch_loop(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
-            records = await self._source.poll(100, self._settings.fetch_max_records)
+            records = await self.source.poll(100, self.settings.fetch_max_records)
             if records:
                 await self.admit(records)
 
@@ -81,22 +72,20 @@ class Admission:
         now_ms = int(time.time() * 1000)
         accepted: dict[str, list[Admitted]] = {INTERACTIVE: [], BULK: []}
         for record in records:
-            self._delivery.track(record)
-            decoded = decode_record(record, self._limits, now_ms)
+            self.delivery.track(record)
+            decoded = decode_record(record, self.limits, now_ms)
             if isinstance(decoded, Accepted):
-                model = self._models[decoded.model]
-                accepted[self._inflight.lane(record.topic)].append((record, decoded.request, model))
+                model = self.models[decoded.model]
+                accepted[self.inflight.lane(record.topic)].append((record, decoded.request, model))
             elif isinstance(decoded, Rejected):
-                self._settlement.reject(record, decoded)
+                self.settlement.reject(record, decoded)
             else:
-                self._settlement.dead_letter(record, str(decoded.code), decoded.message)
+                self.settlement.dead_letter(record, str(decoded.code), decoded.message)
         for lane in (INTERACTIVE, BULK):
             if not accepted[lane]:
                 continue
             # Inputs count as in flight from here, so backpressure sees them at once.
-            self._inflight.admit(
-                lane, sum(input_count(request) for _, request, _ in accepted[lane])
-            )
+            self.inflight.admit(lane, sum(input_count(request) for _, request, _ in accepted[lane]))
             if lane == INTERACTIVE:
                 await self._tokenize(lane, accepted[lane])
             else:
@@ -104,7 +93,7 @@ class Admission:
                 # take the CPU in one long burst: it is tokenized in chunks, in order (one
                 # tokenizer thread), each queued for batching as soon as it is ready.
                 for chunk in _chunks(accepted[lane], _BULK_TOKENIZE_TEXTS):
-                    self._tasks.spawn(self._tokenize(lane, chunk))
+                    self.tasks.spawn(self._tokenize(lane, chunk))
 
     async def _offload(self, work: Callable[[], _T], chars: int) -> _T:
         if chars <= _INLINE_TOKENIZE_CHARS:
@@ -124,10 +113,10 @@ class Admission:
         tokenized: list[list[Tokenized | Hit]] = [[] for _ in accepted]
         notes: list[list[CacheNote]] = [[] for _ in accepted]
         for (name, direction), positions in groups.items():
-            model = self._models[name]
+            model = self.models[name]
             requests = [accepted[p][1] for p in positions]
             pieces = await kind_of(model).tokenize(
-                model, requests, direction, self._cache, self._offload
+                model, requests, direction, self.cache, self._offload
             )
             for position, (inputs, filed) in zip(positions, pieces, strict=True):
                 tokenized[position] = inputs
@@ -135,7 +124,7 @@ class Admission:
         now = time.monotonic()
         for admitted, inputs, filed in zip(accepted, tokenized, notes, strict=True):
             self._enqueue(lane, *admitted, inputs, now, filed)
-        self._work_waiting.set()
+        self.work_waiting.set()
 
     async def _expand(self, lane: str, accepted: list[Admitted]) -> list[Admitted]:
         """Chunked requests become requests for their chunk texts (worker.chunking), each
@@ -152,7 +141,7 @@ class Admission:
                 tokenizer = model.tokenizer
                 self._chunkers[model.name] = Chunker(tokenizer.tokenizer, tokenizer.max_length)
             work.append((request, self._chunkers[model.name], model.prompt_for(request)))
-        settings = self._settings
+        settings = self.settings
         expand = partial(
             expand_all, work, settings.max_client_batch_size, settings.max_chunk_tokens_factor
         )
@@ -163,14 +152,14 @@ class Admission:
             record, request, model = accepted[position]
             if isinstance(outcome, ErrorInfo):
                 rejection = rejection_of(request, outcome)
-                self._settlement.reject(
+                self.settlement.reject(
                     record, rejection, reserved=input_count(request), model=model.name
                 )
                 kept[position] = None
             else:
-                self._inflight.inputs[lane] += len(outcome.inputs) - input_count(request)
+                self.inflight.inputs[lane] += len(outcome.inputs) - input_count(request)
                 kept[position] = (record, outcome, model)
-        self._inflight.apply_backpressure(lane)
+        self.inflight.apply_backpressure(lane)
         return [admitted for admitted in kept if admitted is not None]
 
     def _enqueue(
@@ -194,11 +183,11 @@ class Admission:
                     too_long,
                 )
                 rejection = rejection_of(request, error)
-                self._settlement.reject(record, rejection, reserved=len(pieces), model=model.name)
+                self.settlement.reject(record, rejection, reserved=len(pieces), model=model.name)
                 return
         count = len(pieces)
         tokens = [token_count(piece) for piece in pieces]
-        self._inflight.tokens[lane] += sum(tokens)
+        self.inflight.tokens[lane] += sum(tokens)
         job = Job(
             record=record,
             request=request,
@@ -215,9 +204,9 @@ class Admission:
                 job.vectors[index] = piece.vector
                 job.remaining -= 1
             else:
-                self._scheduler.add(lane, Item(job, index, piece.ids, now), model.name)
+                self.scheduler.add(lane, Item(job, index, piece.ids, now), model.name)
         if count and not job.remaining:  # every input was cached
-            self._settlement.settle(job)
+            self.settlement.settle(job)
 
 
 def limits_for(models: Sequence[ServedModel], settings: WorkerSettings) -> Limits:

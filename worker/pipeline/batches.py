@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,48 +33,42 @@ from worker.pipeline.jobs import Batch, Job
 from worker.pipeline.settle import Settlement
 from worker.served import ServedModel
 
-__all__ = ["Batches"]
+__all__ = ["Batches", "encoder_thread"]
 
 log = structlog.get_logger("kembed.worker")
 
 _EXPIRED_QUEUED = "deadline passed while queued, before computation"
 
 
+def encoder_thread() -> ThreadPoolExecutor:
+    """The thread that runs every batch: the encoder is not thread-safe, and torch's thread
+    settings (and a compiled model's specializations) belong to that thread."""
+    return ThreadPoolExecutor(1, thread_name_prefix="kembed-encoder")
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
 class Batches:
-    def __init__(
-        self,
-        *,
-        models: Mapping[str, ServedModel],
-        scheduler: LaneScheduler[Job],
-        settlement: Settlement,
-        cache: VectorCache,
-        metrics: Metrics,
-        max_batch_size: int,
-        max_wait_s: float,
-        work_waiting: asyncio.Event,
-        encode_thread: ThreadPoolExecutor | None = None,
-    ) -> None:
-        self._models = models
-        self._scheduler = scheduler
-        self._settlement = settlement
-        self._cache = cache
-        self._metrics = metrics
-        self._max_batch_size = max_batch_size
-        self._max_wait = max_wait_s
-        self._work_waiting = work_waiting
-        # Halves of failed batches, waiting to run ahead of new batches.
-        self._retries: deque[tuple[ServedModel, str, list[Item[Job]]]] = deque()
-        # One thread runs every batch: the encoder is not thread-safe, and torch's thread
-        # settings (and a compiled model's specializations) belong to that thread.
-        self.encode_thread = encode_thread or ThreadPoolExecutor(
-            1, thread_name_prefix="kembed-encoder"
-        )
-        self.running_since: float | None = None
-        for (name, lane), budget in scheduler.budgets.items():
-            metrics.effective_batch_tokens.labels(name, lane).set(budget.tokens)
+    models: Mapping[str, ServedModel]
+    scheduler: LaneScheduler[Job]
+    settlement: Settlement
+    cache: VectorCache
+    metrics: Metrics
+    max_batch_size: int
+    max_wait_s: float
+    work_waiting: asyncio.Event
+    encode_thread: ThreadPoolExecutor = field(default_factory=encoder_thread)
+    # Halves of failed batches, waiting to run ahead of new batches.
+    _retries: deque[tuple[ServedModel, str, list[Item[Job]]]] = field(
+        init=False, default_factory=deque
+    )
+    running_since: float | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        for (name, lane), budget in self.scheduler.budgets.items():
+            self.metrics.effective_batch_tokens.labels(name, lane).set(budget.tokens)
         for lane in (INTERACTIVE, BULK):  # exposed at 0 from the start, so rate() sees the 1st
             for reason in ("error", "out_of_memory"):
-                metrics.batch_splits.labels(lane, reason)
+                self.metrics.batch_splits.labels(lane, reason)
 
     async def loop(self) -> None:
         """Run the encoder back to back, with one batch always prepared ahead of it."""
@@ -83,12 +78,12 @@ class Batches:
             now = time.monotonic()
             if prepared and prepared.retry:
                 pass  # runs as it is, next
-            elif prepared and self._scheduler.preemptible(prepared.lane, now, self._max_wait):
-                self._scheduler.put_back(prepared.lane, prepared.items, prepared.model.name)
+            elif prepared and self.scheduler.preemptible(prepared.lane, now, self.max_wait_s):
+                self.scheduler.put_back(prepared.lane, prepared.items, prepared.model.name)
                 prepared = None
             elif prepared and self._refillable(prepared):
                 model, lane = prepared.model, prepared.lane
-                items = self._live(self._scheduler.refill(lane, prepared.items, model.name))
+                items = self._live(self.scheduler.refill(lane, prepared.items, model.name))
                 prepared = Batch(model, lane, items, self._prepare(model, items)) if items else None
             if prepared is None:
                 prepared = self._cut(now)
@@ -98,12 +93,12 @@ class Batches:
             waits: list[asyncio.Future[Any]] = []
             if running is not None:
                 waits.append(running[1])
-            self._work_waiting.clear()
-            waits.append(asyncio.ensure_future(self._work_waiting.wait()))
+            self.work_waiting.clear()
+            waits.append(asyncio.ensure_future(self.work_waiting.wait()))
             if prepared is not None and prepared.retry:
                 wake = None  # it runs next whatever the clock says
             else:
-                wake = self._scheduler.wake_at(prepared.lane if prepared else None, self._max_wait)
+                wake = self.scheduler.wake_at(prepared.lane if prepared else None, self.max_wait_s)
             timeout = None if wake is None else max(0.0, wake - now)
             await asyncio.wait(waits, timeout=timeout, return_when="FIRST_COMPLETED")
             waits[-1].cancel()
@@ -131,7 +126,7 @@ class Batches:
         return batch, loop.run_in_executor(self.encode_thread, _run, batch)
 
     def _observe(self, batch: Batch) -> None:
-        m, lane = self._metrics, batch.lane
+        m, lane = self.metrics, batch.lane
         padded = batch.prepared.padded_tokens
         real = sum(len(item.ids) for item in batch.items)
         m.batch_size.labels(lane).observe(len(batch.items))
@@ -158,9 +153,7 @@ class Batches:
                     request_id=job.request.id,
                     **record_fields(record),
                 )
-                self._settlement.settle(
-                    job, ErrorInfo(ErrorCode.DEADLINE_EXCEEDED, _EXPIRED_QUEUED)
-                )
+                self.settlement.settle(job, ErrorInfo(ErrorCode.DEADLINE_EXCEEDED, _EXPIRED_QUEUED))
             if not job.settled:
                 live.append(item)
         return live
@@ -169,10 +162,10 @@ class Batches:
         """A prepared batch less than half full is cut again when new inputs of its lane
         wait (requests trickling in while the encoder is busy); fuller ones run as they are,
         since re-cutting them would cost more than it gains."""
-        lane = self._scheduler.lane(batch.lane, batch.model.name)
+        lane = self.scheduler.lane(batch.lane, batch.model.name)
         return (
             len(lane) > 0
-            and batch.prepared.rows * 2 <= self._max_batch_size
+            and batch.prepared.rows * 2 <= self.max_batch_size
             and batch.prepared.padded_tokens * 2 <= lane.max_batch_tokens
         )
 
@@ -182,11 +175,11 @@ class Batches:
             items = self._live(items)
             if items:
                 return Batch(model, lane, items, self._prepare(model, items), retry=True)
-        while (chosen := self._scheduler.next_model_batch(now, self._max_wait)) is not None:
+        while (chosen := self.scheduler.next_model_batch(now, self.max_wait_s)) is not None:
             name, lane, items = chosen
             items = self._live(items)
             if items:
-                model = self._models[name]
+                model = self.models[name]
                 return Batch(model, lane, items, self._prepare(model, items))
         return None
 
@@ -198,12 +191,12 @@ class Batches:
     def _finish(self, batch: Batch, future: asyncio.Future[npt.NDArray[np.float32]]) -> None:
         if self.running_since == batch.started:
             self.running_since = None
-        self._metrics.inference_seconds.labels(batch.lane).observe(time.monotonic() - batch.started)
+        self.metrics.inference_seconds.labels(batch.lane).observe(time.monotonic() - batch.started)
         error = future.exception()
         if error is not None:
             self._failed(batch, error)
             return
-        budget = self._scheduler.succeeded(batch.lane, batch.model.name, time.monotonic())
+        budget = self.scheduler.succeeded(batch.lane, batch.model.name, time.monotonic())
         if budget is not None:
             self._show_budget(batch, budget)
             log.info(
@@ -222,7 +215,7 @@ class Batches:
         )
         rows = future.result()
         if batch.ran_as is not None:
-            self._cache.store(
+            self.cache.store(
                 batch.model.name,
                 batch.ran_as,
                 (
@@ -236,7 +229,7 @@ class Batches:
             job.vectors[item.index] = row
             job.remaining -= 1
             if job.remaining == 0:
-                self._settlement.settle(job)
+                self.settlement.settle(job)
 
     def _failed(self, batch: Batch, error: BaseException) -> None:
         """The encoder raised on ``batch``: split it in halves to retry (ahead of new
@@ -256,7 +249,7 @@ class Batches:
         )
         if oom:
             padded = batch.prepared.padded_tokens
-            budget = self._scheduler.out_of_memory(lane, model, padded, time.monotonic())
+            budget = self.scheduler.out_of_memory(lane, model, padded, time.monotonic())
             if budget is not None:
                 self._show_budget(batch, budget)
                 log.warning(
@@ -282,7 +275,7 @@ class Batches:
             )
             message = "inference failed" + (" (out of memory)" if oom else "")
             index = kind_of(job.model).error_index(job.request, item.index)
-            self._settlement.settle(job, ErrorInfo(ErrorCode.INTERNAL, message, index))
+            self.settlement.settle(job, ErrorInfo(ErrorCode.INTERNAL, message, index))
             return
         # Inputs of requests answered meanwhile need no retry. Halves in length order: out
         # of memory, the shorter half is the likelier to fit, and it runs first.
@@ -293,7 +286,7 @@ class Batches:
         half = (len(items) + 1) // 2
         halves = [items[:half], items[half:]]
         self._retries.extend((batch.model, lane, part) for part in halves)
-        self._metrics.batch_splits.labels(lane, reason).inc()
+        self.metrics.batch_splits.labels(lane, reason).inc()
         log.info(
             "batch.split",
             model=model,
@@ -304,7 +297,7 @@ class Batches:
         )
 
     def _show_budget(self, batch: Batch, budget: TokenBudget) -> None:
-        self._metrics.effective_batch_tokens.labels(batch.model.name, batch.lane).set(budget.tokens)
+        self.metrics.effective_batch_tokens.labels(batch.model.name, batch.lane).set(budget.tokens)
 
 
 def _run(batch: Batch) -> npt.NDArray[np.float32]:

@@ -21,7 +21,7 @@ from worker.delivery import make_delivery
 from worker.metrics import Metrics
 from worker.offsets import OffsetTracker
 from worker.pipeline.admit import Admission, limits_for
-from worker.pipeline.batches import Batches
+from worker.pipeline.batches import Batches, encoder_thread
 from worker.pipeline.inflight import InFlight
 from worker.pipeline.jobs import Job
 from worker.pipeline.settle import Settlement
@@ -97,7 +97,7 @@ class Pipeline:
             max_batch_size=settings.max_batch_size,
             max_wait_s=settings.max_batch_wait_ms / 1000,
             work_waiting=work_waiting,
-            encode_thread=encode_thread,
+            encode_thread=encode_thread or encoder_thread(),
         )
         self._admission = Admission(
             source=source,

@@ -5,6 +5,7 @@ the metrics and releases its inputs from the in-flight accounting."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import structlog
 
@@ -27,22 +28,14 @@ __all__ = ["Settlement"]
 log = structlog.get_logger("kembed.worker")
 
 
+@dataclass(slots=True, eq=False)
 class Settlement:
-    def __init__(
-        self,
-        delivery: Delivery,
-        inflight: InFlight,
-        limits: Limits,
-        metrics: Metrics,
-        tasks: Tasks,
-        max_result_bytes: int,
-    ) -> None:
-        self._delivery = delivery
-        self._inflight = inflight
-        self._limits = limits
-        self._metrics = metrics
-        self._tasks = tasks
-        self._max_result_bytes = max_result_bytes
+    delivery: Delivery
+    inflight: InFlight
+    limits: Limits
+    metrics: Metrics
+    tasks: Tasks
+    max_result_bytes: int
 
     def settle(self, job: Job, error: ErrorInfo | None = None) -> None:
         """Publish a job's result (or ``error``) once, whatever happens to its other inputs."""
@@ -58,14 +51,14 @@ class Settlement:
                 request,
                 job.vectors,
                 job.tokens,
-                self._max_result_bytes,
+                self.max_result_bytes,
                 job.record.timestamp_ms,
             )
         reply = ReplyTo(request.id, request.reply_to, request.reply_partition, job.lane)
         outcome = "ok" if error is None else str(error.code)
         tokens = sum(job.tokens)
-        self._inflight.settled(job.lane, tokens)
-        self._tasks.spawn(
+        self.inflight.settled(job.lane, tokens)
+        self.tasks.spawn(
             self._answer(
                 job.record, reply, value, job.lane, job.model.name, len(job.tokens), outcome, tokens
             )
@@ -84,13 +77,13 @@ class Settlement:
             **record_fields(record),
         )
         value = encode_error(rejected.request_id, rejected.error, rejected.keys, rejected.meta)
-        lane = self._inflight.lane(record.topic)
+        lane = self.inflight.lane(record.topic)
         reply = ReplyTo(rejected.request_id, rejected.reply_to, rejected.reply_partition, lane)
         outcome = str(rejected.error.code)
         if model is None:
-            default = self._limits.model_for(None, record.topic)
+            default = self.limits.model_for(None, record.topic)
             model = default.name if default is not None else ""
-        self._tasks.spawn(self._answer(record, reply, value, lane, model, reserved, outcome, 0))
+        self.tasks.spawn(self._answer(record, reply, value, lane, model, reserved, outcome, 0))
 
     def dead_letter(self, record: Record, code: str, message: str) -> None:
         log.warning(
@@ -99,11 +92,11 @@ class Settlement:
             reason=message,
             **record_fields(record),
         )
-        self._tasks.spawn(self._dead_letter(record, code, message))
+        self.tasks.spawn(self._dead_letter(record, code, message))
 
     async def _dead_letter(self, record: Record, code: str, message: str) -> None:
-        if await self._delivery.dead_letter(record, code, message):
-            self._inflight.answered(self._inflight.lane(record.topic), 0)
+        if await self.delivery.dead_letter(record, code, message):
+            self.inflight.answered(self.inflight.lane(record.topic), 0)
 
     async def _answer(
         self,
@@ -116,15 +109,15 @@ class Settlement:
         outcome: str,
         tokens: int,
     ) -> None:
-        if await self._delivery.answer(record, reply, value):
+        if await self.delivery.answer(record, reply, value):
             log.debug(
                 "request.answered",
                 request_id=reply.id,
                 inputs=inputs,
                 **record_fields(record),
             )
-            self._inflight.answered(lane, inputs)
-            m = self._metrics
+            self.inflight.answered(lane, inputs)
+            m = self.metrics
             m.requests.labels(model, outcome).inc()
             m.inputs.labels(model, outcome).inc(inputs)
             m.tokens.labels(model, outcome).inc(tokens)
