@@ -11,12 +11,12 @@ SDK method and one gateway route (docs/design.md, "Adding a model kind").
 from __future__ import annotations
 
 from schemas import Kind
-from worker.kinds.base import ModelKind, Offload, Pieces
+from worker.kinds.base import Finished, ModelKind, Offload, Pieces, Tokenizing
 from worker.kinds.embed import EMBED
 from worker.kinds.rerank import RERANK
 from worker.served import ServedModel
 
-__all__ = ["KINDS", "ModelKind", "Offload", "Pieces", "kind_of"]
+__all__ = ["KINDS", "Finished", "ModelKind", "Offload", "Pieces", "Tokenizing", "kind_of"]
 
 KINDS: dict[Kind, ModelKind] = {EMBED.kind: EMBED, RERANK.kind: RERANK}
 """Every kind the worker serves, by its name."""

@@ -1,20 +1,25 @@
-"""The protocol every model kind implements (see :mod:`worker.kinds`)."""
+"""What every model kind implements (see :mod:`worker.kinds`), with the defaults most kinds
+share."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from kembed_shared.ports import Record
 from schemas import Kind, Request
 from worker.cache import CacheNote, Hit, VectorCache
 from worker.encoder import Encoder, Prepared
+from worker.kinds.requests import input_count
 from worker.served import ServedModel
 from worker.tokenization import Tokenized
 
-__all__ = ["ModelKind", "Offload", "Pieces"]
+__all__ = ["Finished", "ModelKind", "Offload", "Pieces", "Tokenizing", "per_request"]
 
 _T = TypeVar("_T")
 
@@ -31,48 +36,75 @@ Pieces = tuple[list[Tokenized | Hit], list[CacheNote]]
 cache files its vector once encoded (empty: not cached)."""
 
 
-class ModelKind(Protocol):
-    """What one kind of model does with its requests and results."""
+def per_request(
+    requests: Sequence[Request],
+    pieces: list[Tokenized | Hit],
+    filed: list[CacheNote] | None = None,
+) -> list[Pieces]:
+    """The inputs of ``requests``, tokenized in one call (``pieces``, and ``filed``: how the
+    cache files each; None: not cached), cut back into each request's, in order."""
+    out: list[Pieces] = []
+    start = 0
+    for request in requests:
+        end = start + input_count(request)
+        out.append((pieces[start:end], [] if filed is None else filed[start:end]))
+        start = end
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenizing:
+    """What one tokenizer call runs with."""
+
+    model: ServedModel
+    direction: str | None
+    """The truncation side the requests ask for (None: the model's)."""
+    cache: VectorCache
+    offload: Offload
+
+
+class Finished(Protocol):
+    """A request whose inputs are all encoded, as the pipeline holds it (its ``Job``)."""
+
+    record: Record
+    request: Request
+    model: ServedModel
+    vectors: npt.NDArray[np.float32]
+    """The encoder's rows, one per input."""
+    tokens: list[int]
+
+
+class ModelKind(ABC):
+    """What one kind of model does with its requests and results. A kind implements
+    ``tokenize`` and ``result``; the other methods' defaults fit a kind of single texts."""
 
     kind: Kind
     input_name: str
     """What one input is, in errors: ``input``, ``(query, document) pair``."""
 
-    async def tokenize(
-        self,
-        model: ServedModel,
-        requests: Sequence[Request],
-        direction: str | None,
-        cache: VectorCache,
-        offload: Offload,
-    ) -> list[Pieces]:
-        """``requests`` (of ``model``, one truncation side) tokenized in one call, per
+    @abstractmethod
+    async def tokenize(self, requests: Sequence[Request], call: Tokenizing) -> list[Pieces]:
+        """``requests`` (of ``call.model``, one truncation side) tokenized in one call, per
         request in order."""
-        ...
 
     def segments(self, pieces: Sequence[Tokenized | Hit]) -> list[int] | None:
-        """Per input, its first segment's length (token types), for kinds of pairs."""
-        ...
+        """Per input, its first segment's length (token types), for kinds of pairs; None
+        (the default): inputs of one segment."""
+        return None
 
     def prepare(
         self, encoder: Encoder, ids: Sequence[Sequence[int]], segments: Callable[[], list[int]]
     ) -> Prepared:
-        """A batch of ``ids`` for the encoder (``segments``: the inputs' segment lengths)."""
-        ...
+        """A batch of ``ids`` for the encoder (``segments``: the inputs' segment lengths, which
+        the default, for inputs of one segment, does not ask for)."""
+        return encoder.prepare(ids)
 
-    def result(
-        self,
-        model: ServedModel,
-        request: Request,
-        outputs: npt.NDArray[np.float32],
-        tokens: list[int],
-        max_bytes: int,
-        requested_ms: int | None,
-    ) -> bytes:
-        """The result message of a request whose inputs are all encoded (``outputs``: the
-        encoder's rows, one per input)."""
-        ...
+    @abstractmethod
+    def result(self, job: Finished, max_bytes: int) -> bytes:
+        """The result message of ``job``, whose inputs are all encoded (a
+        ``result_too_large`` error result if it would exceed ``max_bytes``)."""
 
     def error_index(self, request: Request, index: int) -> int:
-        """The index a failed input's error names (a chunk's: its input's)."""
-        ...
+        """The index a failed input's error names (a chunk's: its input's); by default, the
+        input's own."""
+        return index

@@ -16,12 +16,10 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import Kind, Request, RerankRequest, RerankResult, encode_result
-from worker.cache import Hit, VectorCache
+from worker.cache import Hit
 from worker.encoder import Encoder, Prepared
-from worker.kinds.base import Offload, Pieces
-from worker.kinds.requests import input_count
+from worker.kinds.base import Finished, ModelKind, Pieces, Tokenizing, per_request
 from worker.publish import within_limit
-from worker.served import ServedModel
 from worker.tokenization import Tokenized
 
 __all__ = ["ACTIVATIONS", "RERANK", "RerankKind", "activate", "encode_scores", "order_by_score"]
@@ -80,33 +78,21 @@ def encode_scores(
     )
 
 
-class RerankKind:
+class RerankKind(ModelKind):
     kind = Kind.RERANK
     input_name = "(query, document) pair"
 
-    async def tokenize(
-        self,
-        model: ServedModel,
-        requests: Sequence[Request],
-        direction: str | None,
-        cache: VectorCache,
-        offload: Offload,
-    ) -> list[Pieces]:
+    async def tokenize(self, requests: Sequence[Request], call: Tokenizing) -> list[Pieces]:
+        model = call.model
         pairs = [
             (request.query, document)
             for request in requests
             if isinstance(request, RerankRequest)
             for document in request.documents
         ]
-        encode_pairs = partial(model.tokenizer.encode_pairs, pairs, direction)
-        scored = await offload(encode_pairs, sum(len(q) + len(d) for q, d in pairs))
-        out: list[Pieces] = []
-        start = 0
-        for request in requests:
-            count = input_count(request)
-            out.append((list(scored[start : start + count]), []))
-            start += count
-        return out
+        encode_pairs = partial(model.tokenizer.encode_pairs, pairs, call.direction)
+        scored = await call.offload(encode_pairs, sum(len(q) + len(d) for q, d in pairs))
+        return per_request(requests, list(scored))
 
     def segments(self, pieces: Sequence[Tokenized | Hit]) -> list[int] | None:
         return [piece.segment or 0 for piece in pieces if isinstance(piece, Tokenized)]
@@ -116,28 +102,18 @@ class RerankKind:
     ) -> Prepared:
         return encoder.prepare(ids, segments())
 
-    def result(
-        self,
-        model: ServedModel,
-        request: Request,
-        outputs: npt.NDArray[np.float32],
-        tokens: list[int],
-        max_bytes: int,
-        requested_ms: int | None,
-    ) -> bytes:
+    def result(self, job: Finished, max_bytes: int) -> bytes:
+        request, model = job.request, job.model
         assert isinstance(request, RerankRequest)
         return encode_scores(
             request,
-            outputs,
-            tokens,
+            job.vectors,
+            job.tokens,
             model.name,
             model.activation,
             max_bytes,
-            requested_ms=requested_ms,
+            requested_ms=job.record.timestamp_ms,
         )
-
-    def error_index(self, request: Request, index: int) -> int:
-        return index
 
 
 RERANK = RerankKind()

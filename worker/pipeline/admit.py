@@ -21,7 +21,7 @@ from worker.cache import CacheNote, Hit, VectorCache, token_count
 from worker.chunking import Chunker, expand_all
 from worker.decode import Accepted, Limits, ModelLimits, Rejected, decode_record
 from worker.delivery import Delivery
-from worker.kinds import kind_of
+from worker.kinds import Tokenizing, kind_of
 from worker.kinds.requests import input_count, request_keys
 from worker.pipeline.inflight import InFlight
 from worker.pipeline.jobs import Admitted, Job
@@ -115,9 +115,8 @@ class Admission:
         for (name, direction), positions in groups.items():
             model = self.models[name]
             requests = [accepted[p][1] for p in positions]
-            pieces = await kind_of(model).tokenize(
-                model, requests, direction, self.cache, self._offload
-            )
+            call = Tokenizing(model, direction, self.cache, self._offload)
+            pieces = await kind_of(model).tokenize(requests, call)
             for position, (inputs, filed) in zip(positions, pieces, strict=True):
                 tokenized[position] = inputs
                 notes[position] = filed

@@ -46,14 +46,7 @@ class Settlement:
         if error is not None:
             value = encode_error(request.id, error, request_keys(request), request.meta)
         else:
-            value = kind_of(job.model).result(
-                job.model,
-                request,
-                job.vectors,
-                job.tokens,
-                self.max_result_bytes,
-                job.record.timestamp_ms,
-            )
+            value = kind_of(job.model).result(job, self.max_result_bytes)
         reply = ReplyTo(request.id, request.reply_to, request.reply_partition, job.lane)
         outcome = "ok" if error is None else str(error.code)
         tokens = sum(job.tokens)
