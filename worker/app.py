@@ -18,6 +18,7 @@ from kembed_shared.kafka.publisher import (
     DEFAULT_BATCH_BYTES,
     KafkaPublisher,
     KafkaTransactionalPublisher,
+    ProducerOptions,
 )
 from kembed_shared.kafka.security import client_options
 from kembed_shared.kafka.source import KafkaSource
@@ -133,32 +134,28 @@ async def _serve(
 def _publisher(
     settings: WorkerSettings, security: dict[str, Any]
 ) -> KafkaPublisher | KafkaTransactionalPublisher:
-    # Results, and dead letters that copy a request of up to max_request_size.
-    max_request_size = max(settings.max_result_bytes, settings.max_request_bytes) + _RECORD_OVERHEAD
-    # Results gather in batches no larger than one result may be, which the topics accept.
-    batch_bytes = min(settings.max_result_bytes, DEFAULT_BATCH_BYTES)
+    options: ProducerOptions = {
+        "client_id": settings.client_id,
+        "linger_ms": settings.linger_ms,
+        # Results, and dead letters that copy a request of up to max_request_size.
+        "max_request_size": (
+            max(settings.max_result_bytes, settings.max_request_bytes) + _RECORD_OVERHEAD
+        ),
+        # Results gather in batches no larger than one result may be, which the topics accept.
+        "batch_bytes": min(settings.max_result_bytes, DEFAULT_BATCH_BYTES),
+        "security": security,
+    }
     if settings.delivery == "exactly_once":
         transactional_id = settings.resolved_transactional_id()
         log.info("transactions.enabled", transactional_id=transactional_id)
         return KafkaTransactionalPublisher(
             settings.bootstrap_servers,
-            client_id=settings.client_id,
-            linger_ms=settings.linger_ms,
-            max_request_size=max_request_size,
             transactional_id=transactional_id,
             transaction_timeout_ms=settings.transaction_timeout_ms,
             warm_topics=[settings.results_topic, settings.dlq_topic],
-            batch_bytes=batch_bytes,
-            security=security,
+            **options,
         )
-    return KafkaPublisher(
-        settings.bootstrap_servers,
-        client_id=settings.client_id,
-        linger_ms=settings.linger_ms,
-        max_request_size=max_request_size,
-        batch_bytes=batch_bytes,
-        security=security,
-    )
+    return KafkaPublisher(settings.bootstrap_servers, **options)
 
 
 async def _load_and_run(

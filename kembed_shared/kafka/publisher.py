@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTP
@@ -30,7 +30,12 @@ from aiokafka.protocol.metadata import MetadataRequest
 from kembed_shared.kafka.security import check_access, diagnose_login, principal_of
 from kembed_shared.ports import KafkaAccessError, PublishError, TopicPartition
 
-__all__ = ["DEFAULT_BATCH_BYTES", "KafkaPublisher", "KafkaTransactionalPublisher"]
+__all__ = [
+    "DEFAULT_BATCH_BYTES",
+    "KafkaPublisher",
+    "KafkaTransactionalPublisher",
+    "ProducerOptions",
+]
 
 # How long one try waits for a reply topic's metadata (a broker's answer about a topic the
 # producer has not written yet). A try that runs out is transient: the caller retries it.
@@ -76,19 +81,35 @@ class _ExpectedRetries(logging.Filter):
 _EXPECTED_RETRIES = _ExpectedRetries()
 
 
+class ProducerOptions(TypedDict, total=False):
+    """What either publisher is made with, besides its bootstrap servers."""
+
+    client_id: Required[str]
+    linger_ms: Required[int]
+    max_request_size: Required[int]
+    batch_bytes: int
+    """The producer's batch per partition: see :data:`DEFAULT_BATCH_BYTES` (the default)."""
+    security: Mapping[str, Any] | None
+    """aiokafka security options (``kembed_shared.kafka.security.client_options``)."""
+
+
 class _Producer:
     """What both publishers share: an aiokafka producer with the worker's security options,
     a start that explains a rejected login, and the access check."""
 
-    def __init__(
-        self, bootstrap_servers: str, security: Mapping[str, Any] | None, **options: Any
-    ) -> None:
-        """``security``: aiokafka security options
-        (``kembed_shared.kafka.security.client_options``)."""
+    def __init__(self, bootstrap_servers: str, options: ProducerOptions, **extra: Any) -> None:
+        """``extra``: aiokafka options of one kind of publisher."""
         self._bootstrap_servers = bootstrap_servers
-        self._security = dict(security or {})
+        self._security = dict(options.get("security") or {})
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap_servers, **self._security, acks="all", **options
+            bootstrap_servers=bootstrap_servers,
+            **self._security,
+            acks="all",
+            client_id=options["client_id"],
+            linger_ms=options["linger_ms"],
+            max_request_size=options["max_request_size"],
+            max_batch_size=options.get("batch_bytes", DEFAULT_BATCH_BYTES),
+            **extra,
         )
 
     async def start(self) -> None:
@@ -112,29 +133,11 @@ class _Producer:
 
 
 class KafkaPublisher(_Producer):
-    def __init__(
-        self,
-        bootstrap_servers: str,
-        *,
-        client_id: str,
-        linger_ms: int,
-        max_request_size: int,
-        batch_bytes: int = DEFAULT_BATCH_BYTES,
-        security: Mapping[str, Any] | None = None,
-    ) -> None:
-        """``batch_bytes``: see :data:`DEFAULT_BATCH_BYTES`."""
-        super().__init__(
-            bootstrap_servers,
-            security,
-            client_id=client_id,
-            # Not idempotent: delivery is at least once by design (clients drop duplicate
-            # results by id), and aiokafka 0.14's idempotent producer was seen to stall
-            # concurrent first sends to a new partition for request_timeout_ms.
-            enable_idempotence=False,
-            linger_ms=linger_ms,
-            max_request_size=max_request_size,
-            max_batch_size=batch_bytes,
-        )
+    def __init__(self, bootstrap_servers: str, **options: Unpack[ProducerOptions]) -> None:
+        # Not idempotent: delivery is at least once by design (clients drop duplicate
+        # results by id), and aiokafka 0.14's idempotent producer was seen to stall
+        # concurrent first sends to a new partition for request_timeout_ms.
+        super().__init__(bootstrap_servers, options, enable_idempotence=False)
 
     async def send(
         self,
@@ -171,25 +174,16 @@ class KafkaTransactionalPublisher(_Producer):
         self,
         bootstrap_servers: str,
         *,
-        client_id: str,
-        linger_ms: int,
-        max_request_size: int,
         transactional_id: str,
         transaction_timeout_ms: int,
         warm_topics: Sequence[str] = (),
-        batch_bytes: int = DEFAULT_BATCH_BYTES,
-        security: Mapping[str, Any] | None = None,
+        **options: Unpack[ProducerOptions],
     ) -> None:
-        """``batch_bytes``: see :data:`DEFAULT_BATCH_BYTES`."""
         super().__init__(
             bootstrap_servers,
-            security,
-            client_id=client_id,
+            options,
             transactional_id=transactional_id,
             transaction_timeout_ms=transaction_timeout_ms,
-            linger_ms=linger_ms,
-            max_request_size=max_request_size,
-            max_batch_size=batch_bytes,
             retry_backoff_ms=_TXN_RETRY_BACKOFF_MS,
         )
         self._transactional_id = transactional_id
