@@ -39,13 +39,13 @@ async def read_fleet_status(
 
     Raises :class:`StatusError` when the cluster cannot be reached, the group is unknown,
     or none of ``topics`` exists."""
-    options = dict(security or {})  # security_protocol, SASL and TLS (kafka/security.py)
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap_servers,
-        client_id=client_id,
-        request_timeout_ms=request_timeout_ms,
-        **options,
-    )
+    # Both of its clients connect alike.
+    connection: dict[str, Any] = {
+        "bootstrap_servers": bootstrap_servers,
+        "client_id": client_id,
+        **(security or {}),  # security_protocol, SASL and TLS (kafka/security.py)
+    }
+    admin = AIOKafkaAdminClient(**connection, request_timeout_ms=request_timeout_ms)
     try:
         await admin.start()
     except KafkaError as exc:
@@ -76,7 +76,7 @@ async def read_fleet_status(
         for t in sorted(described, key=lambda t: present.index(t["topic"]))
         for p in sorted(t["partitions"], key=lambda p: int(p["partition"]))
     ]
-    log_start, end = await _log_bounds(bootstrap_servers, client_id, partitions, options)
+    log_start, end = await _log_bounds(connection, partitions)
     owner = {tp: m.member_id for m in members for tp in m.partitions}
     lags = tuple(
         PartitionLag(
@@ -141,24 +141,17 @@ def _committed(offset: Any) -> int | None:
 
 
 async def _log_bounds(
-    bootstrap_servers: str,
-    client_id: str,
-    partitions: list[TopicPartition],
-    options: Mapping[str, Any],
+    connection: Mapping[str, Any], partitions: list[TopicPartition]
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
     """Log start and end (high watermark) offsets, read by a consumer outside any group."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap_servers,
-        client_id=client_id,
-        enable_auto_commit=False,
-        **options,
-    )
+    consumer = AIOKafkaConsumer(**connection, enable_auto_commit=False)
     try:
         await consumer.start()
         start = await consumer.beginning_offsets(partitions)
         end = await consumer.end_offsets(partitions)
     except KafkaError as exc:
-        raise StatusError(f"cannot read offsets from Kafka at {bootstrap_servers}: {exc}") from None
+        servers = connection["bootstrap_servers"]
+        raise StatusError(f"cannot read offsets from Kafka at {servers}: {exc}") from None
     finally:
         await consumer.stop()
     return dict(start), dict(end)
