@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kembed_shared.encodings import decode_scales, decode_vectors, dequantize_int8, to_float32
 from schemas import EmbedResult, Encoding
-from schemas.encodings import row_bytes
 from schemas.v1 import Span
 
 __all__ = [
@@ -27,19 +27,6 @@ __all__ = [
     "hamming_distances",
     "unpack_bits",
 ]
-
-_DTYPES: dict[Encoding, str] = {
-    Encoding.FLOAT32: "<f4",
-    Encoding.FLOAT16: "<f2",
-    Encoding.INT8: "i1",
-    Encoding.BINARY: "u1",
-}
-_NATIVE: dict[Encoding, type[np.generic]] = {
-    Encoding.FLOAT32: np.float32,
-    Encoding.FLOAT16: np.float16,
-    Encoding.INT8: np.int8,
-    Encoding.BINARY: np.uint8,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,36 +65,12 @@ class Embeddings:
     def to_float32(self) -> npt.NDArray[np.float32]:
         """The values as float32 (n, dim): exact for float32, widened for float16,
         ``codes * scales`` for int8. Binary vectors keep only signs: use :func:`unpack_bits`."""
-        match self.encoding:
-            case Encoding.FLOAT32 | Encoding.FLOAT16:
-                return self.vectors.astype(np.float32)
-            case Encoding.INT8:
-                assert self.scales is not None  # the codec requires scales with int8
-                return dequantize_int8(self.vectors, self.scales)
-            case Encoding.BINARY:
-                raise ValueError("binary vectors hold only signs; use unpack_bits() for the bits")
-
-
-def decode_vectors(result: EmbedResult) -> npt.NDArray[Any]:
-    """The vectors of ``result`` as a writable array in the host's native byte order."""
-    encoding = Encoding(result.dtype)
-    width = result.dim if encoding != Encoding.BINARY else row_bytes(encoding, result.dim)
-    flat = np.frombuffer(result.vectors, dtype=_DTYPES[encoding])
-    return flat.reshape(result.count, width).astype(_NATIVE[encoding])
-
-
-def decode_scales(result: EmbedResult) -> npt.NDArray[np.float32] | None:
-    """The per-vector int8 scales of ``result`` (None for the other encodings)."""
-    if result.scales is None:
-        return None
-    return np.frombuffer(result.scales, dtype="<f4").astype(np.float32)
-
-
-def dequantize_int8(
-    codes: npt.NDArray[np.int8], scales: npt.NDArray[np.float32]
-) -> npt.NDArray[np.float32]:
-    """int8 codes (n, dim) back to float32 values: ``codes * scales[:, None]``."""
-    return (codes.astype(np.float32) * scales.astype(np.float32)[:, None]).astype(np.float32)
+        return to_float32(
+            self.encoding,
+            self.vectors,
+            self.scales,
+            refusal="binary vectors hold only signs; use unpack_bits() for the bits",
+        )
 
 
 def unpack_bits(packed: npt.NDArray[np.uint8], dim: int) -> npt.NDArray[np.uint8]:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kembed_shared.encodings import LAYOUTS, decode_scales, decode_vectors, to_float32
 from schemas import EmbedResult, Encoding, ErrorResult, RerankResult, SchemaError, decode_result
 
 __all__ = [
@@ -169,7 +170,7 @@ def _rows(result: EmbedResult, keys: tuple[str, ...], version: int) -> RowsOf | 
     too_long = next((k for k in keys if len(k.encode("utf-8")) + longest > MAX_ID_BYTES), None)
     if too_long is not None:
         return refuse(INVALID_KEY, f"a key is longer than {MAX_ID_BYTES} bytes")
-    if Encoding(result.dtype) == Encoding.BINARY:
+    if LAYOUTS[Encoding(result.dtype)].floats is None:
         return refuse(
             UNSUPPORTED_DTYPE,
             "binary vectors are not written: the table holds float vectors (request "
@@ -295,19 +296,12 @@ def newest(rows: Iterable[Row]) -> list[Row]:
 def float_vectors(result: EmbedResult) -> npt.NDArray[np.float32]:
     """The result's vectors as float32, shape (count, dim): float16 widened, int8 codes
     times their scales. Binary has no float values (the caller refuses it)."""
-    count, dim, blob = result.count, result.dim, result.vectors
-    match Encoding(result.dtype):
-        case Encoding.FLOAT32:
-            return np.frombuffer(blob, "<f4").reshape(count, dim).astype(np.float32)
-        case Encoding.FLOAT16:
-            return np.frombuffer(blob, "<f2").reshape(count, dim).astype(np.float32)
-        case Encoding.INT8:
-            assert result.scales is not None  # the codec requires scales with int8
-            codes = np.frombuffer(blob, "i1").reshape(count, dim).astype(np.float32)
-            scales = np.frombuffer(result.scales, "<f4").astype(np.float32)
-            return codes * scales[:, None]
-        case Encoding.BINARY:
-            raise ValueError("binary vectors have no float values")
+    return to_float32(
+        Encoding(result.dtype),
+        decode_vectors(result),
+        decode_scales(result),
+        refusal="binary vectors have no float values",
+    )
 
 
 def jsonable(value: Any) -> Any:

@@ -11,16 +11,15 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from kembed_shared.encodings import encode_rows, quantize_int8
 from schemas import (
     EmbedRequest,
     EmbedResult,
-    Encoding,
     ErrorCode,
     ErrorInfo,
     ErrorResult,
     encode_result,
 )
-from schemas.encodings import INT8_NORMALIZED_SCALE
 from schemas.headers import CORRELATION_ID, LANE
 from worker.chunking import ChunkedRequest, pool
 
@@ -34,8 +33,6 @@ __all__ = [
     "within_limit",
 ]
 
-INT8_MAX = 127
-
 
 def finish(
     raw: npt.NDArray[np.float32], *, normalize: bool, dimensions: int | None
@@ -45,47 +42,6 @@ def finish(
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         vectors = vectors / np.maximum(norms, 1e-12)
     return np.ascontiguousarray(vectors, dtype="<f4")
-
-
-def encode_rows(
-    vectors: npt.NDArray[np.float32], encoding: Encoding, *, normalized: bool
-) -> tuple[bytes, bytes | None]:
-    """The ``vectors`` blob of ``vectors`` (finished rows) in ``encoding``, and the int8
-    ``scales`` blob (None for the other encodings)."""
-    match encoding:
-        case Encoding.FLOAT32:
-            return np.ascontiguousarray(vectors, dtype="<f4").tobytes(), None
-        case Encoding.FLOAT16:
-            with np.errstate(over="ignore"):  # beyond +-65504 is +-inf, as IEEE says
-                return np.ascontiguousarray(vectors, dtype="<f2").tobytes(), None
-        case Encoding.INT8:
-            codes, scales = quantize_int8(vectors, normalized=normalized)
-            return codes.tobytes(), scales.astype("<f4").tobytes()
-        case Encoding.BINARY:
-            return np.packbits(vectors > 0, axis=1, bitorder="big").tobytes(), None
-
-
-def quantize_int8(
-    vectors: npt.NDArray[np.float32], *, normalized: bool
-) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
-    """Codes ``q`` in [-127, 127] and one float32 scale per row, value ~= ``q * scale``.
-
-    One formula for every row: ``q = rint(x / scale)``, the quotient taken in float64 with
-    the float32 scale that is sent (``rint`` rounds half to even). Normalized rows share the
-    fixed scale float32(1/127), so int8 dot products compare across vectors; other rows use
-    their own largest magnitude (``scale = max|x| / 127``, rounded to float32).
-    """
-    values = vectors.astype(np.float64)
-    rows = values.shape[0]
-    if normalized:
-        scales = np.full(rows, INT8_NORMALIZED_SCALE, dtype=np.float32)
-    else:
-        scales = (np.max(np.abs(values), axis=1) / INT8_MAX).astype(np.float32)
-        # An all-zero row (or one so small that its scale underflows) codes as zeros.
-        scales[~(scales > 0)] = np.float32(INT8_NORMALIZED_SCALE)
-    scaled = values / scales.astype(np.float64)[:, None]
-    codes = np.clip(np.rint(scaled), -INT8_MAX, INT8_MAX).astype(np.int8)
-    return codes, scales
 
 
 def encode_vectors(
