@@ -26,7 +26,7 @@ from schemas import Chunking
 
 __all__ = [
     "add_chunking_flags",
-    "add_service_parser",
+    "add_service_flags",
     "add_settings_flags",
     "chunking_from",
     "local_models_only",
@@ -68,20 +68,9 @@ def add_settings_flags(
         )
 
 
-def add_service_parser(
-    subcommands: Any,
-    name: str,
-    summary: str,
-    description: str,
-    model: type[BaseModel],
-    prefix: str,
-) -> None:
-    """A service's subcommand (``sink``, ``gateway``): its own flags (env vars
-    ``<prefix><NAME>``), then the Kafka connection flags every kembed process shares
-    (``KEMBED_<NAME>``)."""
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        name, help=summary, description=description
-    )
+def add_service_flags(parser: argparse.ArgumentParser, model: type[BaseModel], prefix: str) -> None:
+    """A service's flags (``sink``, ``gateway``): its own (env vars ``<prefix><NAME>``),
+    then the Kafka connection flags every kembed process shares (``KEMBED_<NAME>``)."""
     add_settings_flags(parser, model, env_prefix=prefix)
     add_settings_flags(parser, KafkaClientSettings)
 

@@ -10,10 +10,10 @@
     kembed gateway [--flag value ...]  OpenAI- and TEI-shaped HTTP APIs (gateway/)
     kembed topics create|check [...]   create or check the fleet's topics
 
-Each subcommand is a module of :mod:`kembed_cli.commands` with ``add_parser`` and ``run``;
-only the module of the subcommand being run is imported, so ``kembed embed`` never loads
-the worker, and a subcommand whose extra is not installed (``kembed[worker]``,
-``kembed[sink]``, ``kembed[gateway]``) says so in one line and exits 2.
+Each subcommand is a module of :mod:`kembed_cli.commands` with ``DESCRIPTION``,
+``add_arguments`` and ``run``; only the module of the subcommand being run is imported,
+so ``kembed embed`` never loads the worker, and a subcommand whose extra is not installed
+(``kembed[worker]``, ``kembed[sink]``, ``kembed[gateway]``) says so in one line and exits 2.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 from kembed_cli.extras import MissingExtraError
 from kembed_shared.version import kembed_version
@@ -48,8 +48,11 @@ _USAGE = 2
 class Command(Protocol):
     """What a module of :mod:`kembed_cli.commands` provides."""
 
-    def add_parser(self, subcommands: Any, name: str, summary: str) -> None:
-        """Add the subcommand, its flags and its help to ``subcommands``."""
+    DESCRIPTION: str
+    """What the subcommand does, for its ``--help``."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add the subcommand's arguments and flags to its parser."""
 
     def run(self, args: argparse.Namespace) -> int:
         """Run it; the exit status."""
@@ -98,7 +101,10 @@ def _parser(chosen: tuple[str, Command] | None) -> argparse.ArgumentParser:
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, summary in COMMANDS.items():
         if chosen is not None and chosen[0] == name:
-            chosen[1].add_parser(subcommands, name, summary)
+            command = chosen[1]
+            command.add_arguments(
+                subcommands.add_parser(name, help=summary, description=command.DESCRIPTION)
+            )
         else:
             subcommands.add_parser(name, help=summary)
     return parser

@@ -18,17 +18,17 @@ from kembed_cli.common import (
 from kembed_shared.settings import KafkaClientSettings
 from schemas import Encoding
 
-__all__ = ["add_parser", "run"]
+__all__ = ["DESCRIPTION", "add_arguments", "run"]
 
 
-def add_parser(subcommands: Any, name: str, summary: str) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        name,
-        help=summary,
-        description="Embed texts through Kafka and print the vectors as JSON. The Kafka "
-        "connection flags are the worker's, and read the same KEMBED_* environment "
-        "variables (so a password need not be on the command line).",
-    )
+DESCRIPTION = (
+    "Embed texts through Kafka and print the vectors as JSON. The Kafka "
+    "connection flags are the worker's, and read the same KEMBED_* environment "
+    "variables (so a password need not be on the command line)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("texts", nargs="+", metavar="TEXT")
     add_settings_flags(parser, KafkaClientSettings)
     parser.add_argument("--model", default=None, help="model to ask for (default: the served one)")

@@ -13,30 +13,27 @@ from __future__ import annotations
 import argparse
 import signal
 from types import FrameType
-from typing import Any
 
 from gateway.settings import GatewaySettings
-from kembed_cli.common import add_service_parser, run_service, run_to_exit
+from kembed_cli.common import add_service_flags, run_service, run_to_exit
 from kembed_shared.observability.fatal import ExitCode, install_hooks, secrets_of
 from kembed_shared.observability.logging import configure_logging
 from kembed_shared.settings import KafkaClientSettings
 
-__all__ = ["add_parser", "run", "serve"]
+__all__ = ["DESCRIPTION", "add_arguments", "run", "serve"]
 
 
-def add_parser(subcommands: Any, name: str, summary: str) -> None:
-    add_service_parser(
-        subcommands,
-        name,
-        summary,
-        "Serve OpenAI's embeddings API (POST /v1/embeddings, GET /v1/models) and "
-        "text-embeddings-inference's POST /embed over HTTP, each request sent to the workers "
-        "through Kafka (docs/gateway.md). Gateway flags are also environment variables "
-        "KEMBED_GATEWAY_<FLAG>; the Kafka connection flags are the worker's (KEMBED_<FLAG>). "
-        "Exit status 2 for invalid settings, 1 when Kafka cannot be reached at start.",
-        GatewaySettings,
-        "KEMBED_GATEWAY_",
-    )
+DESCRIPTION = (
+    "Serve OpenAI's embeddings API (POST /v1/embeddings, GET /v1/models) and "
+    "text-embeddings-inference's POST /embed over HTTP, each request sent to the workers "
+    "through Kafka (docs/gateway.md). Gateway flags are also environment variables "
+    "KEMBED_GATEWAY_<FLAG>; the Kafka connection flags are the worker's (KEMBED_<FLAG>). "
+    "Exit status 2 for invalid settings, 1 when Kafka cannot be reached at start."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_service_flags(parser, GatewaySettings, "KEMBED_GATEWAY_")
 
 
 def run(args: argparse.Namespace) -> int:

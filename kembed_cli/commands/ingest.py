@@ -41,24 +41,24 @@ from schemas import Chunking, Encoding
 from schemas.codec import is_valid_topic
 from worker.settings import WorkerSettings
 
-__all__ = ["IngestCommand", "add_parser", "run", "run_ingest_command"]
+__all__ = ["IngestCommand", "DESCRIPTION", "add_arguments", "run", "run_ingest_command"]
 
 OK, KAFKA_FAILED, BAD_INPUT, INTERRUPTED = 0, 1, 2, 130
 
 _DEFAULT_TOPIC = str(WorkerSettings.model_fields["bulk_topic"].default)
 
 
-def add_parser(subcommands: Any, name: str, summary: str) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        name,
-        help=summary,
-        description="Read documents from a JSONL file (one JSON object per line; - reads "
-        "standard input) and submit them in batches to the bulk request topic, without "
-        "waiting for the vectors: workers answer on --reply-to, one result per batch with "
-        "the documents' ids as keys and their metadata in meta.docs, for a sink to read. "
-        "Exit status 0 when Kafka acknowledged every document, 1 when Kafka failed or "
-        "refused, 2 for unusable input or settings. Takes the Kafka flags of kembed embed.",
-    )
+DESCRIPTION = (
+    "Read documents from a JSONL file (one JSON object per line; - reads "
+    "standard input) and submit them in batches to the bulk request topic, without "
+    "waiting for the vectors: workers answer on --reply-to, one result per batch with "
+    "the documents' ids as keys and their metadata in meta.docs, for a sink to read. "
+    "Exit status 0 when Kafka acknowledged every document, 1 when Kafka failed or "
+    "refused, 2 for unusable input or settings. Takes the Kafka flags of kembed embed."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="FILE", help="JSONL file, or - for standard input")
     parser.add_argument("--text-field", default="text", help="field holding the text")
     parser.add_argument("--id-field", default="id", help="field holding the document id")

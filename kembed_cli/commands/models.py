@@ -28,7 +28,7 @@ from schemas.catalog import DEFAULT_CATALOG_TOPIC
 if TYPE_CHECKING:
     from producer_sdk.catalog import CatalogModel
 
-__all__ = ["add_parser", "models_json", "render_models", "run"]
+__all__ = ["DESCRIPTION", "add_arguments", "models_json", "render_models", "run"]
 
 _COLUMNS = (
     "name",
@@ -43,16 +43,16 @@ _COLUMNS = (
 )
 
 
-def add_parser(subcommands: Any, name: str, summary: str) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        name,
-        help=summary,
-        description="Read the model catalog topic and list the models live workers "
-        "announce: name, kind (embed: an embedding model; rerank: a cross-encoder), "
-        "aliases, dimension, pooling, precision, how many workers serve "
-        "it and the topic requests for it go to. Exit status 0, or 2 when the brokers "
-        "cannot be reached.",
-    )
+DESCRIPTION = (
+    "Read the model catalog topic and list the models live workers "
+    "announce: name, kind (embed: an embedding model; rerank: a cross-encoder), "
+    "aliases, dimension, pooling, precision, how many workers serve "
+    "it and the topic requests for it go to. Exit status 0, or 2 when the brokers "
+    "cannot be reached."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_flags(parser, KafkaClientSettings)
     parser.add_argument(
         "--catalog-topic",

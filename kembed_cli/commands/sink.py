@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
 
-from kembed_cli.common import add_service_parser, run_service, run_to_exit
+from kembed_cli.common import add_service_flags, run_service, run_to_exit
 from kembed_shared.observability.fatal import install_hooks, secrets_of
 from kembed_shared.observability.logging import configure_logging
 from kembed_shared.ports import KafkaAccessError
 from kembed_shared.settings import KafkaClientSettings
 from sink.settings import SinkSettings
 
-__all__ = ["EXIT_CONFIG", "EXIT_FAILED", "add_parser", "run", "serve"]
+__all__ = ["EXIT_CONFIG", "EXIT_FAILED", "DESCRIPTION", "add_arguments", "run", "serve"]
 
 EXIT_FAILED = 1
 """Kafka refused the sink (its login, a right, or its offset commits for good), or the
@@ -27,20 +26,18 @@ EXIT_CONFIG = 2
 """Settings or target unusable as configured: a table of another dimension, a wrong URI."""
 
 
-def add_parser(subcommands: Any, name: str, summary: str) -> None:
-    add_service_parser(
-        subcommands,
-        name,
-        summary,
-        "Consume a results topic as a consumer group and upsert each vector by its key into "
-        "a PostgreSQL table with pgvector or a Milvus collection; offsets are committed after "
-        "the database transaction. Sink flags are also environment variables "
-        "KEMBED_SINK_<FLAG>; the Kafka connection flags are the worker's (KEMBED_<FLAG>). "
-        "Exit status 2 for invalid settings or an unusable target (a table of another "
-        "dimension), 1 when Kafka or the database fails.",
-        SinkSettings,
-        "KEMBED_SINK_",
-    )
+DESCRIPTION = (
+    "Consume a results topic as a consumer group and upsert each vector by its key into "
+    "a PostgreSQL table with pgvector or a Milvus collection; offsets are committed after "
+    "the database transaction. Sink flags are also environment variables "
+    "KEMBED_SINK_<FLAG>; the Kafka connection flags are the worker's (KEMBED_<FLAG>). "
+    "Exit status 2 for invalid settings or an unusable target (a table of another "
+    "dimension), 1 when Kafka or the database fails."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_service_flags(parser, SinkSettings, "KEMBED_SINK_")
 
 
 def run(args: argparse.Namespace) -> int:

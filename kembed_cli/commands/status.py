@@ -23,18 +23,18 @@ from kembed_shared.fleet import FleetStatus, StatusError, read_backlog_tokens
 from kembed_shared.settings import KafkaClientSettings
 from worker.settings import WorkerSettings
 
-__all__ = ["add_parser", "render_table", "run", "to_json"]
+__all__ = ["DESCRIPTION", "add_arguments", "render_table", "run", "to_json"]
 
 
-def add_parser(subcommands: Any, name: str, summary: str) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        name,
-        help=summary,
-        description="Ask the brokers about the workers' consumer group: its members, the "
-        "partitions each holds, and per request partition the committed offset, the end "
-        "offset (high watermark) and the lag. Exit status 0, or 2 when the brokers cannot "
-        "be reached or the group is unknown.",
-    )
+DESCRIPTION = (
+    "Ask the brokers about the workers' consumer group: its members, the "
+    "partitions each holds, and per request partition the committed offset, the end "
+    "offset (high watermark) and the lag. Exit status 0, or 2 when the brokers cannot "
+    "be reached or the group is unknown."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_flags(parser, KafkaClientSettings)
     parser.add_argument(
         "--group",

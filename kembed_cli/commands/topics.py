@@ -33,7 +33,7 @@ from worker.settings import WorkerSettings
 if TYPE_CHECKING:
     from kembed_shared.kafka.topics import EnsureReport, TopicNeeds, TopicSpec
 
-__all__ = ["TOPIC_SETTINGS", "add_parser", "needs_of", "run"]
+__all__ = ["TOPIC_SETTINGS", "DESCRIPTION", "add_arguments", "needs_of", "run"]
 
 TOPIC_SETTINGS = (
     "requests_topic",
@@ -49,18 +49,18 @@ TOPIC_SETTINGS = (
 worker reads them."""
 
 
-def add_parser(subcommands: Any, name: str, summary: str) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        name,
-        help=summary,
-        description="Create (create) or compare with the cluster (check) the topics a kembed "
-        "fleet needs: the request and bulk topics of every model, the results topic, the "
-        "request dead-letter topic and the compacted model catalog, from the worker's "
-        "settings (same KEMBED_* env vars), plus each --results topic and its sink "
-        "dead-letter topic <topic>.dlq. Existing topics are never changed. Exit status 0 "
-        "when all exist as required, 1 with one line per problem, 2 when Kafka cannot be "
-        "reached or the settings are invalid.",
-    )
+DESCRIPTION = (
+    "Create (create) or compare with the cluster (check) the topics a kembed "
+    "fleet needs: the request and bulk topics of every model, the results topic, the "
+    "request dead-letter topic and the compacted model catalog, from the worker's "
+    "settings (same KEMBED_* env vars), plus each --results topic and its sink "
+    "dead-letter topic <topic>.dlq. Existing topics are never changed. Exit status 0 "
+    "when all exist as required, 1 with one line per problem, 2 when Kafka cannot be "
+    "reached or the settings are invalid."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "action",
         choices=["create", "check"],

@@ -11,18 +11,18 @@ from kembed_cli.commands.worker import model_settings
 from kembed_cli.common import add_settings_flags, write_json
 from worker.settings import WorkerSettings
 
-__all__ = ["add_parser", "run", "tuning_table"]
+__all__ = ["DESCRIPTION", "add_arguments", "run", "tuning_table"]
 
 
-def add_parser(subcommands: Any, name: str, summary: str) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        name,
-        help=summary,
-        description="Embed reference pairs (default: STS-B test, English) with the "
-        "configured model, dtype, quantization and compilation and with fp32, and report "
-        "Spearman x100 against gold for both and the cosine between them. Exit 0 when the "
-        "gate passes, 1 when it fails. Takes the worker's flags and KEMBED_* variables.",
-    )
+DESCRIPTION = (
+    "Embed reference pairs (default: STS-B test, English) with the "
+    "configured model, dtype, quantization and compilation and with fp32, and report "
+    "Spearman x100 against gold for both and the cosine between them. Exit 0 when the "
+    "gate passes, 1 when it fails. Takes the worker's flags and KEMBED_* variables."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_flags(parser, WorkerSettings)
     parser.add_argument(
         "--pairs",

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
 
 from kembed_cli.common import add_settings_flags, local_models_only, run_to_exit, settings_from
 from kembed_cli.extras import require
 from worker.settings import WorkerSettings
 
-__all__ = ["add_parser", "model_settings", "run"]
+__all__ = ["DESCRIPTION", "add_arguments", "model_settings", "run"]
 
 
-def add_parser(subcommands: Any, name: str, summary: str) -> None:
-    parser: argparse.ArgumentParser = subcommands.add_parser(
-        name,
-        help=summary,
-        description="Consume embedding requests, publish vectors. Every flag is also an "
-        "environment variable KEMBED_<FLAG> (dashes as underscores); a flag wins.",
-    )
+DESCRIPTION = (
+    "Consume embedding requests, publish vectors. Every flag is also an "
+    "environment variable KEMBED_<FLAG> (dashes as underscores); a flag wins."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_flags(parser, WorkerSettings)
 
 
