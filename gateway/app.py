@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import asynccontextmanager
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import structlog
@@ -235,26 +236,19 @@ async def _failed(request: Request, error: Exception) -> JSONResponse:
     return error_response(answer, shape_of(request.url.path))
 
 
+@dataclass(slots=True, eq=False)
 class Guard:
     """Pure ASGI middleware before the routes: the API key, then the body size (the
     Content-Length header, then the bytes as they stream in; the body is read here, at
     most ``max_body_bytes`` of it, within ``body_timeout_s`` of the headers, and handed on
     whole), and for the API endpoints the request's metrics and log line."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        keys: ApiKeys,
-        metrics: GatewayMetrics,
-        max_body_bytes: int,
-        body_timeout_s: float = 30.0,
-    ) -> None:
-        self.app = app
-        self.keys = keys
-        self.metrics = metrics
-        self.max_body_bytes = max_body_bytes
-        self.body_timeout_s = body_timeout_s
+    app: ASGIApp
+    _: KW_ONLY
+    keys: ApiKeys
+    metrics: GatewayMetrics
+    max_body_bytes: int
+    body_timeout_s: float = 30.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

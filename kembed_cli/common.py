@@ -145,10 +145,11 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_chunking_flags(parser: argparse.ArgumentParser) -> None:
+def add_chunking_flags(parser: argparse.ArgumentParser, *, pooling_help: str) -> None:
     """``--chunk-tokens N`` and ``--chunk-overlap M``: cut each text into windows of at
     most N tokens (special and prompt tokens included) overlapping by M, instead of
-    truncating it (schemas/README.md, "Chunking"); read back by :func:`chunking_from`."""
+    truncating it (schemas/README.md, "Chunking"); read back by :func:`chunking_from`.
+    ``--chunk-pooling none|mean`` (``pooling_help``: what each gives the command's user)."""
     parser.add_argument(
         "--chunk-tokens",
         type=positive_int,
@@ -162,6 +163,9 @@ def add_chunking_flags(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="M",
         help="tokens consecutive chunks share (with --chunk-tokens; default 0)",
+    )
+    parser.add_argument(
+        "--chunk-pooling", choices=["none", "mean"], default="none", help=pooling_help
     )
 
 

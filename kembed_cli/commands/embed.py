@@ -41,12 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=str(Encoding.FLOAT32),
         help="output encoding: int8 prints codes and per-vector scales, binary packed bytes",
     )
-    add_chunking_flags(parser)
-    parser.add_argument(
-        "--chunk-pooling",
-        choices=["none", "mean"],
-        default="none",
-        help="with --chunk-tokens: 'none' prints a vector per chunk with its span, "
+    add_chunking_flags(
+        parser,
+        pooling_help="with --chunk-tokens: 'none' prints a vector per chunk with its span, "
         "'mean' one vector per text (the mean of its chunks)",
     )
 

@@ -87,12 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--encoding", choices=[str(e) for e in Encoding], default=str(Encoding.FLOAT32)
     )
-    add_chunking_flags(parser)
-    parser.add_argument(
-        "--chunk-pooling",
-        choices=["none", "mean"],
-        default="none",
-        help="none: one vector (row) per chunk; mean: one per document, the mean of its "
+    add_chunking_flags(
+        parser,
+        pooling_help="none: one vector (row) per chunk; mean: one per document, the mean of its "
         "chunks' (with --chunk-tokens; default: none)",
     )
     parser.add_argument(
