@@ -1,7 +1,7 @@
 """Retrying a publish: a ``PublishError`` is tried again while the broker calls it passing.
 
-The worker retries its answers and dead letters with it (``worker.replies``), and a sink's
-dead letters can take the same rule with their own schedule::
+The worker retries its answers and dead letters with it (``worker.replies``), and the sink
+its dead letters (``sink.consumer``), each with its own schedule::
 
     await retry_publish(send, delays=backoff.stepped((0.2, 0.5, 1.0)), retry_for_s=60)
 """

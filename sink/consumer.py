@@ -22,6 +22,7 @@ from kembed_shared.ports import (
     Source,
     TopicPartition,
 )
+from kembed_shared.publish_retry import retry_publish
 from schemas.headers import CORRELATION_ID, LANE, LANE_BULK, dead_letter_headers
 from sink.metrics import SinkMetrics
 from sink.rows import DIMENSION_MISMATCH, Refused, Row, RowsOf, newest, rows_of
@@ -345,14 +346,12 @@ class Sink:
         self._metrics.results.labels(refused.code).inc()
         headers = dead_letter_headers(record, refused.code, refused.message[:_MAX_DLQ_MESSAGE])
         try:
-            await backoff.retry(
+            await retry_publish(
                 lambda: self._publisher.send(
                     self._dlq_topic, record.value or b"", key=record.key, headers=headers
                 ),
-                errors=PublishError,
                 delays=backoff.stepped(_BACKOFF_S),
                 retry_for_s=self._settings.write_retry_s,
-                retriable=lambda exc: exc.retriable,
             )
         except PublishError as exc:
             # Nothing is committed past this record: a restart retries it.
