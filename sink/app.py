@@ -133,11 +133,7 @@ async def _serve(
         source = KafkaSource(
             kafka.bootstrap_servers,
             [settings.results_topic],
-            group_id=settings.group_id,
-            client_id=settings.client_id,
-            max_poll_interval_ms=settings.max_poll_interval_ms,
-            session_timeout_ms=settings.session_timeout_ms,
-            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            settings,
             fetch_max_wait_ms=min(settings.fetch_max_wait_ms, 500),
             security=security,
         )

@@ -269,12 +269,7 @@ async def _join_and_serve(
     source = KafkaSource(
         settings.bootstrap_servers,
         interactive_topics + bulk_topics,
-        group_id=settings.group_id,
-        client_id=settings.client_id,
-        max_poll_interval_ms=settings.max_poll_interval_ms,
-        session_timeout_ms=settings.session_timeout_ms,
-        heartbeat_interval_ms=settings.heartbeat_interval_ms,
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        settings,
         group_instance_id=settings.group_instance_id,
         security=security,
     )

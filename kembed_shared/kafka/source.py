@@ -8,7 +8,7 @@ pipeline, which finishes (or gives up on) that partition's work before it moves.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
@@ -19,7 +19,7 @@ from kembed_shared.kafka.security import principal_of
 from kembed_shared.kafka.topics import wait_for_topics
 from kembed_shared.ports import KafkaAccessError, Record, TopicPartition
 
-__all__ = ["KafkaSource"]
+__all__ = ["GroupSettings", "KafkaSource"]
 
 log = structlog.get_logger("kembed.worker")
 
@@ -52,40 +52,52 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._on_assigned({(tp.topic, tp.partition) for tp in assigned})
 
 
+class GroupSettings(Protocol):
+    """The consumer-group settings a worker's or a sink's settings both hold
+    (``kembed_shared.service_fields``)."""
+
+    group_id: str
+    client_id: str
+    max_poll_interval_ms: int
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
+    fetch_max_wait_ms: int
+
+
 class KafkaSource:
     def __init__(
         self,
         bootstrap_servers: str,
         topics: list[str],
+        group: GroupSettings,
         *,
-        group_id: str,
-        client_id: str,
-        max_poll_interval_ms: int,
-        session_timeout_ms: int,
-        heartbeat_interval_ms: int,
-        fetch_max_wait_ms: int,
+        fetch_max_wait_ms: int | None = None,
         group_instance_id: str | None = None,
         security: Mapping[str, Any] | None = None,
     ) -> None:
-        """``security``: aiokafka security options
+        """A member of ``group.group_id`` reading ``topics``, with the group's timeouts.
+        ``fetch_max_wait_ms``: in place of the group's (the sink caps it).
+        ``security``: aiokafka security options
         (``kembed_shared.kafka.security.client_options``).
         ``group_instance_id``: Kafka's group.instance.id (static membership), or None."""
         self._topics = topics
-        self.group_id = group_id
+        self.group_id = group.group_id
         self.group_instance_id = group_instance_id
         self._security = dict(security or {})
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap_servers,
             **self._security,
-            group_id=group_id,
+            group_id=group.group_id,
             group_instance_id=group_instance_id,
-            client_id=client_id,
+            client_id=group.client_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",  # requests sent before any worker ran still count
-            max_poll_interval_ms=max_poll_interval_ms,
-            session_timeout_ms=session_timeout_ms,
-            heartbeat_interval_ms=heartbeat_interval_ms,
-            fetch_max_wait_ms=fetch_max_wait_ms,
+            max_poll_interval_ms=group.max_poll_interval_ms,
+            session_timeout_ms=group.session_timeout_ms,
+            heartbeat_interval_ms=group.heartbeat_interval_ms,
+            fetch_max_wait_ms=group.fetch_max_wait_ms
+            if fetch_max_wait_ms is None
+            else fetch_max_wait_ms,
         )
 
     async def start(
