@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -17,9 +16,9 @@ from aiokafka.errors import CommitFailedError
 
 from kembed_shared.kafka.commit_errors import FatalCommitError
 from kembed_shared.observability.probes import Probes
-from kembed_shared.ports import KafkaAccessError, PublishError, Record, TopicPartition
+from kembed_shared.ports import KafkaAccessError, Record, TopicPartition
 from schemas.headers import CORRELATION_ID, DLQ_ERROR_CODE, DLQ_ERROR_MESSAGE, LANE
-from tests.support.kafka import FakeSource
+from tests.support.kafka import FakePublisher, FakeSource, FakeTransactions
 from worker.at_least_once import AtLeastOnce
 from worker.delivery import make_delivery
 from worker.exactly_once import ExactlyOnce, TransactionError
@@ -29,83 +28,6 @@ from worker.settings import WorkerSettings
 
 TP: TopicPartition = ("embed.requests", 0)
 OTHER: TopicPartition = ("embed.requests", 1)
-
-
-class FakeTransactions:
-    """Records what a transactional producer was asked to do, as a list of events."""
-
-    def __init__(self, topics: Mapping[str, int] | None = None) -> None:
-        self.topics = dict(topics or {"embed.results": 2, "embed.requests.dlq": 1, "r": 1})
-        self.events: list[tuple[Any, ...]] = []
-        self.fail_send_to: str | None = None
-        self.max_value_bytes: int | None = None  # larger messages are refused
-        self.fail_commit = False
-        self.hang_commit = False
-        self.open = False
-        self.begun: list[float] = []
-        self.committed: list[float] = []
-
-    async def check_destination(self, topic: str, partition: int | None) -> None:
-        if topic not in self.topics:
-            raise PublishError(f"topic {topic!r} is not available", retriable=False)
-        if partition is not None and not 0 <= partition < self.topics[topic]:
-            raise PublishError(f"partition {partition} does not exist", retriable=False)
-
-    async def begin(self) -> None:
-        assert not self.open, "one transaction at a time"
-        self.open = True
-        self.events.append(("begin",))
-        self.begun.append(time.monotonic())
-
-    async def send(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: Sequence[tuple[str, bytes]] = (),
-    ) -> Awaitable[object]:
-        assert self.open, "a message outside a transaction"
-        self.events.append(("send", topic, value, dict(headers)))
-        delivered: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        too_large = self.max_value_bytes is not None and len(value) > self.max_value_bytes
-        if topic == self.fail_send_to or too_large:
-            delivered.set_exception(RuntimeError("the broker refused the message"))
-        else:
-            delivered.set_result(None)
-        return delivered
-
-    async def send_offsets(self, offsets: Mapping[TopicPartition, int], group_id: str) -> None:
-        assert self.open
-        self.events.append(("offsets", dict(offsets), group_id))
-
-    async def commit(self) -> None:
-        assert self.open
-        if self.hang_commit:
-            await asyncio.sleep(3600)
-        if self.fail_commit:
-            raise RuntimeError("commit failed")
-        self.open = False
-        self.events.append(("commit",))
-        self.committed.append(time.monotonic())
-
-    async def abort(self) -> None:
-        self.open = False
-        self.events.append(("abort",))
-
-    def transactions(self) -> list[list[tuple[Any, ...]]]:
-        """Committed transactions, each as its events between begin and commit."""
-        done: list[list[tuple[Any, ...]]] = []
-        current: list[tuple[Any, ...]] = []
-        for event in self.events:
-            if event[0] == "begin":
-                current = []
-            elif event[0] == "commit":
-                done.append(current)
-            else:
-                current.append(event)
-        return done
 
 
 class Harness:
@@ -636,20 +558,7 @@ async def test_an_expelled_worker_commits_nothing() -> None:
 
 async def test_make_delivery_picks_the_strategy_from_settings() -> None:
     """delivery=exactly_once needs a transactional publisher; the default a plain one."""
-    tracker, source = OffsetTracker(), FakeSource({TP, OTHER})
-
-    class Plain:
-        async def send(
-            self,
-            topic: str,
-            value: bytes,
-            *,
-            key: bytes | None = None,
-            partition: int | None = None,
-            headers: Sequence[tuple[str, bytes]] = (),
-        ) -> None:
-            pass
-
+    tracker, source, plain = OffsetTracker(), FakeSource({TP, OTHER}), FakePublisher()
     eos = WorkerSettings.model_validate({"delivery": "exactly_once"})
     alo = WorkerSettings.model_validate({})
     made = make_delivery(
@@ -657,11 +566,11 @@ async def test_make_delivery_picks_the_strategy_from_settings() -> None:
     )
     assert isinstance(made, ExactlyOnce)
     assert isinstance(
-        make_delivery(Plain(), source=source, tracker=tracker, settings=alo, on_fatal=print),
+        make_delivery(plain, source=source, tracker=tracker, settings=alo, on_fatal=print),
         AtLeastOnce,
     )
     with pytest.raises(TypeError):
-        make_delivery(Plain(), source=source, tracker=tracker, settings=eos, on_fatal=print)
+        make_delivery(plain, source=source, tracker=tracker, settings=eos, on_fatal=print)
     with pytest.raises(TypeError):
         make_delivery(
             FakeTransactions(), source=source, tracker=tracker, settings=alo, on_fatal=print
@@ -672,36 +581,14 @@ async def test_at_least_once_commits_acknowledged_answers_through_the_consumer()
     """At least once: an acknowledged answer marks its record answered, and commit()
     commits owned partitions up to the first unanswered record, skipping unchanged ones
     and shrugging off a failed commit (the next one catches up)."""
-    sent: list[str] = []
-
-    class Plain:
-        async def send(
-            self,
-            topic: str,
-            value: bytes,
-            *,
-            key: bytes | None = None,
-            partition: int | None = None,
-            headers: Sequence[tuple[str, bytes]] = (),
-        ) -> None:
-            sent.append(topic)
-
-    tracker, source = OffsetTracker(), FakeSource({TP, OTHER})
-    delivery = AtLeastOnce(
-        Plain(),
-        source,
-        tracker,
-        results_topic="embed.results",
-        dlq_topic="embed.requests.dlq",
-        commit_interval_s=1.0,
-        on_fatal=print,
-    )
+    publisher, source = FakePublisher(), FakeSource({TP, OTHER})
+    delivery = at_least_once(source, publisher=publisher, commit_interval_s=1.0)
     records = [Record(TP[0], TP[1], offset, b"") for offset in range(3)]
     for record in records:
         delivery.track(record)
     assert await delivery.answer(records[0], ReplyTo("a", None, None), b"v")
     assert await delivery.dead_letter(records[2], "invalid_request", "x")
-    assert sent == ["embed.results", "embed.requests.dlq"]
+    assert [topic for topic, _, _ in publisher.sent] == ["embed.results", "embed.requests.dlq"]
     await delivery.commit()
     assert source.commits == [{TP: 1}]
     await delivery.commit()
@@ -714,28 +601,23 @@ async def test_at_least_once_commits_acknowledged_answers_through_the_consumer()
     assert source.commits == [{TP: 1}, {TP: 3}]
 
 
-class PlainPublisher:
-    async def send(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: Sequence[tuple[str, bytes]] = (),
-    ) -> None:
-        pass
-
-
-def at_least_once(source: FakeSource, fatal: list[BaseException]) -> AtLeastOnce:
+def at_least_once(
+    source: FakeSource,
+    on_fatal: Callable[[BaseException], None] = print,
+    *,
+    publisher: FakePublisher | None = None,
+    commit_interval_s: float = 0.01,
+    give_up_after_s: float = float("inf"),
+) -> AtLeastOnce:
     return AtLeastOnce(
-        PlainPublisher(),
+        publisher or FakePublisher(),
         source,
         OffsetTracker(),
         results_topic="embed.results",
         dlq_topic="embed.requests.dlq",
-        commit_interval_s=0.01,
-        on_fatal=fatal.append,
+        commit_interval_s=commit_interval_s,
+        on_fatal=on_fatal,
+        give_up_after_s=give_up_after_s,
     )
 
 
@@ -755,7 +637,7 @@ async def test_a_commit_that_cannot_pass_fails_the_worker_once(error: Exception,
     loop ends instead of trying again every interval while offsets never move."""
     fatal: list[BaseException] = []
     source = FakeSource({TP, OTHER})
-    delivery = at_least_once(source, fatal)
+    delivery = at_least_once(source, fatal.append)
     record = Record(TP[0], TP[1], 0, b"")
     delivery.track(record)
     assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
@@ -781,16 +663,7 @@ async def test_rebalance_failures_that_outlast_a_rebalance_fail_the_worker() -> 
     never gets back into its group: a FatalCommitError (kind "commit")."""
     fatal: list[BaseException] = []
     source = FakeSource({TP, OTHER})
-    delivery = AtLeastOnce(
-        PlainPublisher(),
-        source,
-        OffsetTracker(),
-        results_topic="embed.results",
-        dlq_topic="embed.requests.dlq",
-        commit_interval_s=0.01,
-        on_fatal=fatal.append,
-        give_up_after_s=0.2,
-    )
+    delivery = at_least_once(source, fatal.append, give_up_after_s=0.2)
     record = Record(TP[0], TP[1], 0, b"")
     delivery.track(record)
     assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
@@ -811,7 +684,7 @@ async def test_a_commit_refused_by_a_rebalance_is_retried_by_the_next_one() -> N
     moves the offsets."""
     fatal: list[BaseException] = []
     source = FakeSource({TP, OTHER})
-    delivery = at_least_once(source, fatal)
+    delivery = at_least_once(source, fatal.append)
     record = Record(TP[0], TP[1], 0, b"")
     delivery.track(record)
     assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
@@ -852,15 +725,7 @@ async def test_a_fatal_commit_makes_the_worker_unhealthy() -> None:
     probes = Probes(stuck_batch_s=60.0, phase="serving")
     probes.pipeline = View()
     source = FakeSource({TP, OTHER})
-    delivery = AtLeastOnce(
-        PlainPublisher(),
-        source,
-        OffsetTracker(),
-        results_topic="embed.results",
-        dlq_topic="embed.requests.dlq",
-        commit_interval_s=0.01,
-        on_fatal=failure.set_exception,
-    )
+    delivery = at_least_once(source, failure.set_exception)
     record = Record(TP[0], TP[1], 0, b"")
     delivery.track(record)
     assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
@@ -901,34 +766,13 @@ async def test_exactly_once_offsets_refused_for_good_fail_the_worker_once() -> N
 async def test_every_answer_carries_the_lane_of_its_request_both_ways() -> None:
     """Results say which lane their request came on (kembed.lane): a sink writes only
     those of the bulk lane. At least once and exactly once alike."""
-    sent: list[dict[str, bytes]] = []
-
-    class Plain(PlainPublisher):
-        async def send(
-            self,
-            topic: str,
-            value: bytes,
-            *,
-            key: bytes | None = None,
-            partition: int | None = None,
-            headers: Sequence[tuple[str, bytes]] = (),
-        ) -> None:
-            sent.append(dict(headers))
-
-    delivery = AtLeastOnce(
-        Plain(),
-        FakeSource({TP, OTHER}),
-        OffsetTracker(),
-        results_topic="embed.results",
-        dlq_topic="embed.requests.dlq",
-        commit_interval_s=1.0,
-        on_fatal=print,
-    )
+    publisher = FakePublisher()
+    delivery = at_least_once(FakeSource({TP, OTHER}), publisher=publisher, commit_interval_s=1.0)
     records = [Record(TP[0], TP[1], offset, b"") for offset in range(2)]
     for record, lane in zip(records, ("bulk", "interactive"), strict=True):
         delivery.track(record)
         assert await delivery.answer(record, ReplyTo(f"id-{lane}", None, None, lane), b"v")
-    assert [(h[CORRELATION_ID], h[LANE]) for h in sent] == [
+    assert [(h[CORRELATION_ID], h[LANE]) for _, _, h in publisher.sent] == [
         (b"id-bulk", b"bulk"),
         (b"id-interactive", b"interactive"),
     ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -18,7 +17,8 @@ from kembed_shared.kafka.publisher import (
     KafkaTransactionalPublisher,
     _ExpectedRetries,
 )
-from kembed_shared.ports import PublishError, Record, TopicPartition
+from kembed_shared.ports import PublishError, Record
+from tests.support.kafka import FakeSource, FakeTransactions
 from worker.replies import Replier, ReplyTo
 from worker.settings import WorkerSettings
 
@@ -241,77 +241,14 @@ async def test_replier_gives_up_on_a_transient_failure_by_failing_the_worker(
     assert fatal[0].retriable
 
 
-class _Transactions:
-    """A transactional producer whose destination check the test controls."""
-
-    def __init__(self, failures: list[PublishError]) -> None:
-        self.failures = failures
-        self.checked = 0
-        self.sent: list[str] = []
-
-    async def check_destination(self, topic: str, partition: int | None) -> None:
-        self.checked += 1
-        if self.failures:
-            raise self.failures.pop(0)
-
-    async def begin(self) -> None:
-        pass
-
-    async def send(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: Sequence[tuple[str, bytes]] = (),
-    ) -> Awaitable[object]:
-        self.sent.append(topic)
-        done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
-
-    async def send_offsets(self, offsets: Mapping[TopicPartition, int], group_id: str) -> None:
-        pass
-
-    async def commit(self) -> None:
-        pass
-
-    async def abort(self) -> None:
-        pass
-
-
-class _Source:
-    async def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
-        return []
-
-    def assignment(self) -> set[TopicPartition]:
-        return {("embed.requests", 0)}
-
-    def pause(self, partitions: set[TopicPartition]) -> None:
-        pass
-
-    def resume(self, partitions: set[TopicPartition]) -> None:
-        pass
-
-    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        pass
-
-    def lag(self) -> dict[TopicPartition, int]:
-        return {}
-
-    def in_group(self) -> bool:
-        return True
-
-
-def _exactly_once(producer: _Transactions, retry_for_s: float) -> tuple[Any, list[Any]]:
+def _exactly_once(producer: FakeTransactions, retry_for_s: float) -> tuple[Any, list[Any]]:
     from worker.exactly_once import ExactlyOnce
     from worker.offsets import OffsetTracker
 
     fatal: list[BaseException] = []
     delivery = ExactlyOnce(
         producer,
-        _Source(),
+        FakeSource({("embed.requests", 0)}),
         OffsetTracker(),
         group_id="g",
         results_topic="embed.results",
@@ -329,7 +266,7 @@ async def test_exactly_once_retries_a_transient_destination_check() -> None:
     """Exactly once: a reply topic whose metadata is slow (retriable) is checked again
     within publish_retry_s, and the answer is then committed to it, not dead-lettered."""
     slow = PublishError("topic 'embed.results' is not available yet", retriable=True)
-    producer = _Transactions([slow, slow])
+    producer = FakeTransactions(destination_failures=[slow, slow])
     delivery, fatal = _exactly_once(producer, retry_for_s=30)
     record = Record("embed.requests", 0, 0, b"request")
     delivery.track(record)
@@ -343,7 +280,7 @@ async def test_exactly_once_retries_a_transient_destination_check() -> None:
         await asyncio.gather(loop, return_exceptions=True)
     assert answered
     assert producer.checked == 3
-    assert producer.sent == ["embed.results"]
+    assert producer.sent_topics() == ["embed.results"]
     assert fatal == []
 
 
@@ -351,12 +288,12 @@ async def test_exactly_once_fails_the_worker_when_the_retries_run_out() -> None:
     """Exactly once: a destination still unavailable after publish_retry_s fails the worker
     rather than dead-letter the request."""
     slow = PublishError("topic 'embed.results' is not available yet", retriable=True)
-    producer = _Transactions([slow] * 100)
+    producer = FakeTransactions(destination_failures=[slow] * 100)
     delivery, fatal = _exactly_once(producer, retry_for_s=0.2)
     record = Record("embed.requests", 0, 0, b"request")
     delivery.track(record)
     assert not await delivery.answer(record, ReplyTo("id-1", None, None), b"result")
-    assert producer.sent == []
+    assert producer.sent_topics() == []
     assert len(fatal) == 1
 
 

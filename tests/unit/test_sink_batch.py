@@ -36,7 +36,7 @@ from sink.metrics import SinkMetrics
 from sink.rows import Row
 from sink.settings import SinkSettings
 from sink.store import DimensionMismatchError, Metric, RowsRefusedError, TransientWriteError
-from tests.support.kafka import FakePublisher as SharedPublisher
+from tests.support.kafka import FakePublisher
 from tests.support.kafka import FakeSource as SharedSource
 
 TOPIC = "embed.ingest.docs"  # the sink's default results topic
@@ -58,24 +58,13 @@ class FakeSource(SharedSource):
         self.log.calls.append(("commit", dict(offsets)))
 
 
-class FakePublisher(SharedPublisher):
+def dead_letter_publisher(log: Log) -> FakePublisher:
     """The dead-letter publisher: each message's error code noted in the call log."""
 
-    def __init__(self, log: Log) -> None:
-        super().__init__()
-        self.log = log
+    def noted(topic: str, headers: dict[str, bytes]) -> None:
+        log.calls.append(("dead_letter", headers[DLQ_ERROR_CODE].decode()))
 
-    async def send(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: Sequence[tuple[str, bytes]] = (),
-    ) -> None:
-        self.log.calls.append(("dead_letter", dict(headers)[DLQ_ERROR_CODE].decode()))
-        await super().send(topic, value, key=key, partition=partition, headers=headers)
+    return FakePublisher(on_send=noted)
 
 
 class FakeStore:
@@ -150,7 +139,7 @@ def record(
 def make_sink(
     store: FakeStore, log: Log, **settings: Any
 ) -> tuple[Sink, FakePublisher, SinkMetrics]:
-    publisher = FakePublisher(log)
+    publisher = dead_letter_publisher(log)
     metrics = SinkMetrics()
     sink = Sink(
         source=FakeSource(log),
@@ -372,7 +361,7 @@ def scripted_sink(
     source = ScriptedSource(log, batches, commit_errors)
     sink = Sink(
         source=source,
-        publisher=FakePublisher(log),
+        publisher=dead_letter_publisher(log),
         store=FakeStore(log, dim=3),
         settings=SinkSettings(**{"target": "postgresql://u@h/db", **settings}),
         metrics=SinkMetrics(),
@@ -533,7 +522,7 @@ async def test_bulk_mode_builds_the_index_once_when_caught_up_for_the_idle_time(
     source = LaggingSource(log, lag=5)
     sink = Sink(
         source=source,
-        publisher=FakePublisher(log),
+        publisher=dead_letter_publisher(log),
         store=store,
         settings=SinkSettings.model_validate(
             {"target": "postgresql://u@h/db", "index": "after", "index_build_idle_s": 0.05}
@@ -563,7 +552,7 @@ async def test_a_pending_index_is_built_in_streaming_mode_too() -> None:
     log = Log()
     sink = Sink(
         source=LaggingSource(log, lag=0),
-        publisher=FakePublisher(log),
+        publisher=dead_letter_publisher(log),
         store=BulkStore(log, dim=3),
         settings=SinkSettings.model_validate(
             {"target": "postgresql://u@h/db", "index_build_idle_s": 0}
