@@ -13,17 +13,8 @@ from typing import Any
 import msgpack
 import pytest
 
+import schemas.headers as hdr
 from schemas import EmbedResult, ErrorResult, decode_result
-from schemas.headers import (
-    CORRELATION_ID,
-    DLQ_ERROR_CODE,
-    DLQ_ERROR_MESSAGE,
-    DLQ_OFFSET,
-    DLQ_PARTITION,
-    DLQ_TOPIC,
-    LANE,
-    routing_headers,
-)
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
 from tests.integration.kafka_io import collect, producer, read_all
@@ -51,7 +42,7 @@ async def test_bad_messages_are_answered_or_dead_lettered(
     answered = {
         f"{tag}-not-msgpack-with-headers": (
             b"\xc1\xff not msgpack",
-            routing_headers(f"{tag}-not-msgpack-with-headers", REPLIES),
+            hdr.routing_headers(f"{tag}-not-msgpack-with-headers", REPLIES),
             "invalid_request",
         ),
         f"{tag}-empty": (_request(f"{tag}-empty", inputs=[]), [], "invalid_request"),
@@ -83,7 +74,7 @@ async def test_bad_messages_are_answered_or_dead_lettered(
         kafka.bootstrap_servers,
         REPLIES,
         lambda records: (
-            expected <= {dict(r.headers).get(CORRELATION_ID, b"").decode() for r in records}
+            expected <= {dict(r.headers).get(hdr.CORRELATION_ID, b"").decode() for r in records}
         ),
     )
     results = {r.id: r for r in (decode_result(record.value) for record in replies)}
@@ -97,7 +88,7 @@ async def test_bad_messages_are_answered_or_dead_lettered(
 
     def origin(record: Any) -> tuple[int, int]:
         headers = dict(record.headers)
-        return int(headers[DLQ_PARTITION]), int(headers[DLQ_OFFSET])
+        return int(headers[hdr.DLQ_PARTITION]), int(headers[hdr.DLQ_OFFSET])
 
     dlq = await collect(
         kafka.bootstrap_servers,
@@ -110,8 +101,8 @@ async def test_bad_messages_are_answered_or_dead_lettered(
         assert where in by_origin, (name, where, sorted(by_origin), dead_events)
         letter = by_origin[where]
         letter_headers = dict(letter.headers)
-        assert letter_headers[DLQ_TOPIC] == b"embed.requests"
-        assert letter_headers[DLQ_ERROR_CODE] == b"invalid_request"
+        assert letter_headers[hdr.DLQ_TOPIC] == b"embed.requests"
+        assert letter_headers[hdr.DLQ_ERROR_CODE] == b"invalid_request"
         assert letter.value == dead[name]
     assert worker.process.poll() is None, "the worker must keep running"
 
@@ -171,7 +162,7 @@ async def test_every_documented_bad_input_gets_its_error_code(
         await client.send_and_wait(
             "embed.requests",
             oversized,
-            headers=routing_headers(oversized_id, REPLIES),
+            headers=hdr.routing_headers(oversized_id, REPLIES),
             partition=1,
         )
         sent = await client.send_and_wait("embed.requests", unwritable, partition=1)
@@ -182,7 +173,7 @@ async def test_every_documented_bad_input_gets_its_error_code(
         kafka.bootstrap_servers,
         REPLIES,
         lambda records: (
-            expected <= {dict(r.headers).get(CORRELATION_ID, b"").decode() for r in records}
+            expected <= {dict(r.headers).get(hdr.CORRELATION_ID, b"").decode() for r in records}
         ),
     )
     results = {r.id: r for r in (decode_result(record.value) for record in replies)}
@@ -200,21 +191,21 @@ async def test_every_documented_bad_input_gets_its_error_code(
         kafka.bootstrap_servers,
         "embed.requests.dlq",
         lambda records: any(
-            dict(r.headers).get(DLQ_OFFSET) == b"%d" % sent.offset
-            and dict(r.headers).get(DLQ_PARTITION) == b"1"
+            dict(r.headers).get(hdr.DLQ_OFFSET) == b"%d" % sent.offset
+            and dict(r.headers).get(hdr.DLQ_PARTITION) == b"1"
             for r in records
         ),
     )
     letters = [
         r
         for r in dlq
-        if dict(r.headers).get(DLQ_OFFSET) == b"%d" % sent.offset
-        and dict(r.headers).get(DLQ_PARTITION) == b"1"
+        if dict(r.headers).get(hdr.DLQ_OFFSET) == b"%d" % sent.offset
+        and dict(r.headers).get(hdr.DLQ_PARTITION) == b"1"
     ]
     assert len(letters) == 1, "the unanswerable request is dead-lettered once"
     headers = dict(letters[0].headers)
-    assert headers[DLQ_ERROR_CODE] == b"reply_failed"
-    assert b"no.such.reply.topic" in headers[DLQ_ERROR_MESSAGE]
+    assert headers[hdr.DLQ_ERROR_CODE] == b"reply_failed"
+    assert b"no.such.reply.topic" in headers[hdr.DLQ_ERROR_MESSAGE]
     assert letters[0].value == unwritable
     assert worker.process.poll() is None, "the worker must keep running"
 
@@ -254,20 +245,20 @@ async def test_a_reply_topic_outside_the_allow_list_is_dead_lettered(
             in_header = await client.send_and_wait(
                 requests,
                 msgpack.packb({**plain, "id": f"{tag}-header"}),
-                headers=routing_headers(f"{tag}-header", forbidden),
+                headers=hdr.routing_headers(f"{tag}-header", forbidden),
             )
             # Spring-style: routed by headers alone, to an allowed topic and partition.
             await client.send_and_wait(
                 requests,
                 msgpack.packb({**plain, "id": f"{tag}-spring"}),
-                headers=routing_headers(f"{tag}-spring", allowed, 1),
+                headers=hdr.routing_headers(f"{tag}-spring", allowed, 1),
             )
             await client.send_and_wait(
                 requests, msgpack.packb({**plain, "id": f"{tag}-after", **to_allowed})
             )
 
         def ids(records: list[Any]) -> set[str]:
-            return {dict(r.headers).get(CORRELATION_ID, b"").decode() for r in records}
+            return {dict(r.headers).get(hdr.CORRELATION_ID, b"").decode() for r in records}
 
         both = {f"{tag}-before", f"{tag}-after"}
         first = await collect(kafka.bootstrap_servers, allowed, lambda rs: both <= ids(rs))
@@ -285,8 +276,8 @@ async def test_a_reply_topic_outside_the_allow_list_is_dead_lettered(
             return [
                 r
                 for r in records
-                if dict(r.headers).get(DLQ_TOPIC) == requests.encode()
-                and dict(r.headers).get(DLQ_OFFSET) in offsets
+                if dict(r.headers).get(hdr.DLQ_TOPIC) == requests.encode()
+                and dict(r.headers).get(hdr.DLQ_OFFSET) in offsets
             ]
 
         dlq = await collect(
@@ -296,8 +287,8 @@ async def test_a_reply_topic_outside_the_allow_list_is_dead_lettered(
         assert len(found) == 2
         for letter in found:
             headers = dict(letter.headers)
-            assert headers[DLQ_ERROR_CODE] == b"reply_forbidden"
-            assert forbidden.encode() in headers[DLQ_ERROR_MESSAGE]
+            assert headers[hdr.DLQ_ERROR_CODE] == b"reply_forbidden"
+            assert forbidden.encode() in headers[hdr.DLQ_ERROR_MESSAGE]
         assert await read_all(kafka.bootstrap_servers, forbidden) == []
         metrics = await asyncio.to_thread(_get, f"{worker.http_url}/metrics")
         assert 'kembed_dlq_messages_total{code="reply_forbidden"} 2.0' in metrics
@@ -340,31 +331,31 @@ async def test_only_the_bulk_lane_answers_on_an_ingestion_topic_and_results_say_
             await client.send_and_wait(
                 requests,
                 msgpack.packb({**plain, "id": "i-header"}),
-                headers=routing_headers("i-header", ingest),
+                headers=hdr.routing_headers("i-header", ingest),
             )
             await client.send_and_wait(
                 requests, msgpack.packb({**plain, "id": "i-reply", "reply_to": replies})
             )
 
         def by_id(records: list[Any]) -> dict[str, Any]:
-            return {dict(r.headers)[CORRELATION_ID].decode(): r for r in records}
+            return {dict(r.headers)[hdr.CORRELATION_ID].decode(): r for r in records}
 
         on_ingest = by_id(
             await collect(kafka.bootstrap_servers, ingest, lambda rs: len(by_id(rs)) >= 3)
         )
         on_replies = by_id(await collect(kafka.bootstrap_servers, replies, lambda rs: bool(rs)))
         assert set(on_ingest) == {"b", "i-body", "i-header"}
-        assert dict(on_ingest["b"].headers)[LANE] == b"bulk"
+        assert dict(on_ingest["b"].headers)[hdr.LANE] == b"bulk"
         assert isinstance(decode_result(on_ingest["b"].value), EmbedResult)
         for name in ("i-body", "i-header"):
-            assert dict(on_ingest[name].headers)[LANE] == b"interactive"
+            assert dict(on_ingest[name].headers)[hdr.LANE] == b"interactive"
             refused = decode_result(on_ingest[name].value)
             assert isinstance(refused, ErrorResult), refused
             assert refused.error.code == "reply_forbidden"
             assert "bulk lane only" in refused.error.message
             assert bulk in refused.error.message
         assert set(on_replies) == {"i-reply"}
-        assert dict(on_replies["i-reply"].headers)[LANE] == b"interactive"
+        assert dict(on_replies["i-reply"].headers)[hdr.LANE] == b"interactive"
         assert isinstance(decode_result(on_replies["i-reply"].value), EmbedResult)
         assert worker.process.poll() is None, "the worker keeps serving"
     finally:

@@ -19,16 +19,9 @@ from aiokafka import AIOKafkaProducer
 from pydantic import SecretStr
 from pymilvus import MilvusClient
 
+import schemas.headers as hdr
 from producer_sdk import EmbedClient
 from schemas import EmbedResult, encode_result
-from schemas.headers import (
-    DLQ_ERROR_CODE,
-    DLQ_ERROR_MESSAGE,
-    DLQ_OFFSET,
-    DLQ_PARTITION,
-    DLQ_TOPIC,
-    LANE,
-)
 from scripts.kafka_local import LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
 from sink.postgres import PostgresStore
@@ -47,7 +40,7 @@ from tests.integration.sink_helpers import (
 
 pytestmark = pytest.mark.integration
 
-BULK = [(LANE, b"bulk")]
+BULK = [(hdr.LANE, b"bulk")]
 """The header a worker stamps on results of bulk requests: results written here directly
 carry it, as the sink writes only those."""
 
@@ -426,7 +419,7 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
         assert sink.stop() == 0
     assert [r[0] for r in pg_rows(postgres, "errors")] == ["g1", "g2"]
     dead = asyncio.run(read_all(bootstrap, f"{topic}.dlq"))
-    codes = sorted(dict(r.headers)[DLQ_ERROR_CODE].decode() for r in dead)
+    codes = sorted(dict(r.headers)[hdr.DLQ_ERROR_CODE].decode() for r in dead)
     assert codes == sorted(
         [
             "invalid_request",
@@ -441,11 +434,11 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
     )
     for record in dead:
         headers = dict(record.headers)
-        assert headers[DLQ_TOPIC] == topic.encode()
-        assert int(headers[DLQ_PARTITION]) >= 0
-        assert int(headers[DLQ_OFFSET]) >= 0
-        assert headers[DLQ_ERROR_MESSAGE]
-    garbage = [r for r in dead if dict(r.headers)[DLQ_ERROR_CODE] == b"invalid_result"]
+        assert headers[hdr.DLQ_TOPIC] == topic.encode()
+        assert int(headers[hdr.DLQ_PARTITION]) >= 0
+        assert int(headers[hdr.DLQ_OFFSET]) >= 0
+        assert headers[hdr.DLQ_ERROR_MESSAGE]
+    garbage = [r for r in dead if dict(r.headers)[hdr.DLQ_ERROR_CODE] == b"invalid_result"]
     assert garbage[0].value == b"\xc1 not msgpack"
     for code in ("invalid_request", "unknown_model", "unsupported_dtype", "missing_keys"):
         assert metric_value(metrics, "kembed_sink_errors_total", kind=code) == 1
@@ -454,9 +447,12 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
     # not of the bulk lane: the worker's interactive answer, and one no worker wrote
     assert metric_value(metrics, "kembed_sink_dlq_messages_total", code="not_bulk_lane") == 2
     lanes = sorted(
-        (dict(r.headers).get(LANE, b"").decode(), dict(r.headers)[DLQ_ERROR_MESSAGE].decode())
+        (
+            dict(r.headers).get(hdr.LANE, b"").decode(),
+            dict(r.headers)[hdr.DLQ_ERROR_MESSAGE].decode(),
+        )
         for r in dead
-        if dict(r.headers)[DLQ_ERROR_CODE] == b"not_bulk_lane"
+        if dict(r.headers)[hdr.DLQ_ERROR_CODE] == b"not_bulk_lane"
     )
     assert [lane for lane, _ in lanes] == ["", "interactive"]
     assert "no kembed.lane" in lanes[0][1]

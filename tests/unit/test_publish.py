@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import schemas.headers as hdr
 from kembed_shared.ports import Record
 from schemas import (
     EmbedRequest,
@@ -28,15 +29,6 @@ from schemas import (
     encode_result,
 )
 from schemas.encodings import INT8_NORMALIZED_SCALE, row_bytes, unpack_rows, unpack_scales
-from schemas.headers import (
-    CORRELATION_ID,
-    DLQ_ERROR_CODE,
-    DLQ_ERROR_MESSAGE,
-    DLQ_OFFSET,
-    DLQ_PARTITION,
-    DLQ_TOPIC,
-    dead_letter_headers,
-)
 from tests.conftest import embed_request
 from worker.publish import (
     encode_error,
@@ -205,23 +197,23 @@ def test_encode_vectors_at_exactly_max_bytes_is_sent() -> None:
 
 def test_result_headers_carry_the_correlation_id() -> None:
     """Result headers hold the request id as kafka_correlationId."""
-    assert result_headers("req-é") == [(CORRELATION_ID, "req-é".encode())]
+    assert result_headers("req-é") == [(hdr.CORRELATION_ID, "req-é".encode())]
 
 
 def test_dead_letter_headers_keep_originals_and_add_origin() -> None:
     """Dead-letter headers are the original headers plus origin topic/partition/offset/why."""
-    original = (("trace", b"abc"), (CORRELATION_ID, b"id-1"))
+    original = (("trace", b"abc"), (hdr.CORRELATION_ID, b"id-1"))
     record = Record(
         topic="embed.requests", partition=4, offset=123456, value=b"x", headers=original
     )
-    headers = dead_letter_headers(record, "invalid_request", "bad \udcff message")
+    headers = hdr.dead_letter_headers(record, "invalid_request", "bad \udcff message")
     assert headers[: len(original)] == list(original)
     added = dict(headers[len(original) :])
-    assert added[DLQ_TOPIC] == b"embed.requests"
-    assert added[DLQ_PARTITION] == b"4"
-    assert added[DLQ_OFFSET] == b"123456"
-    assert added[DLQ_ERROR_CODE] == b"invalid_request"
-    assert added[DLQ_ERROR_MESSAGE] == b"bad ? message"
+    assert added[hdr.DLQ_TOPIC] == b"embed.requests"
+    assert added[hdr.DLQ_PARTITION] == b"4"
+    assert added[hdr.DLQ_OFFSET] == b"123456"
+    assert added[hdr.DLQ_ERROR_CODE] == b"invalid_request"
+    assert added[hdr.DLQ_ERROR_MESSAGE] == b"bad ? message"
     assert len(headers) == len(original) + 5
 
 

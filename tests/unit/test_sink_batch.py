@@ -15,21 +15,13 @@ import pytest
 import structlog
 from aiokafka import errors as kafka_errors
 
+import schemas.headers as hdr
 from kembed_cli.commands import sink as sink_cli
 from kembed_shared.kafka.commit_errors import FatalCommitError
 from kembed_shared.observability.probes import Probes
 from kembed_shared.ports import Record, TopicPartition
 from kembed_shared.settings import KafkaClientSettings
 from schemas import EmbedResult, ErrorCode, ErrorInfo, ErrorResult, encode_result
-from schemas.headers import (
-    CORRELATION_ID,
-    DLQ_ERROR_CODE,
-    DLQ_ERROR_MESSAGE,
-    DLQ_OFFSET,
-    DLQ_PARTITION,
-    DLQ_TOPIC,
-    LANE,
-)
 from sink import app as sink_app
 from sink.consumer import Sink
 from sink.metrics import SinkMetrics
@@ -62,7 +54,7 @@ def dead_letter_publisher(log: Log) -> FakePublisher:
     """The dead-letter publisher: each message's error code noted in the call log."""
 
     def noted(topic: str, headers: dict[str, bytes]) -> None:
-        log.calls.append(("dead_letter", headers[DLQ_ERROR_CODE].decode()))
+        log.calls.append(("dead_letter", headers[hdr.DLQ_ERROR_CODE].decode()))
 
     return FakePublisher(on_send=noted)
 
@@ -123,7 +115,7 @@ def vectors_result(
     )
 
 
-BULK_LANE = ((LANE, b"bulk"),)
+BULK_LANE = ((hdr.LANE, b"bulk"),)
 """What a worker stamps on the result of a bulk request (the only ones a sink writes)."""
 
 
@@ -180,8 +172,8 @@ async def test_one_write_then_dead_letters_then_the_commit() -> None:
     topic, value, headers = publisher.sent[0]
     assert topic == f"{TOPIC}.dlq"
     assert value == encode_result(error)
-    assert headers[DLQ_TOPIC] == TOPIC.encode()
-    assert (headers[DLQ_PARTITION], headers[DLQ_OFFSET]) == (b"0", b"11")
+    assert headers[hdr.DLQ_TOPIC] == TOPIC.encode()
+    assert (headers[hdr.DLQ_PARTITION], headers[hdr.DLQ_OFFSET]) == (b"0", b"11")
     assert metrics.rows.labels("docs")._value.get() == 3
     assert metrics.dlq_messages.labels("unknown_model")._value.get() == 1
 
@@ -194,7 +186,7 @@ async def test_only_results_of_the_bulk_lane_are_written_the_rest_dead_lettered(
     log = Log()
     store = FakeStore(log)
     sink, publisher, metrics = make_sink(store, log)
-    interactive = ((CORRELATION_ID, b"r2"), (LANE, b"interactive"))
+    interactive = ((hdr.CORRELATION_ID, b"r2"), (hdr.LANE, b"interactive"))
     await sink._batch(
         [
             record(0, vectors_result("r1", ("a",), 0.5)),
@@ -211,7 +203,7 @@ async def test_only_results_of_the_bulk_lane_are_written_the_rest_dead_lettered(
         ("commit", {(TOPIC, 0): 4}),
     ]
     assert set(store.rows) == {"a", "b"}
-    messages = [headers[DLQ_ERROR_MESSAGE].decode() for _, _, headers in publisher.sent]
+    messages = [headers[hdr.DLQ_ERROR_MESSAGE].decode() for _, _, headers in publisher.sent]
     assert "kembed.lane: interactive" in messages[0]
     assert "no kembed.lane" in messages[1]
     assert metrics.dlq_messages.labels("not_bulk_lane")._value.get() == 2
