@@ -13,8 +13,6 @@ import json
 import os
 import random
 import re
-import subprocess
-import sys
 import threading
 import urllib.request
 import uuid
@@ -26,7 +24,8 @@ import pytest
 
 from producer_sdk import EmbedClient
 from scripts.kafka_local import LocalKafka, TopicSpec
-from tests.conftest import ROOT, WorkerProcess, load_stsb
+from tests.conftest import WorkerProcess, load_stsb
+from tests.support.cli import run_kembed
 
 pytestmark = pytest.mark.integration
 
@@ -152,11 +151,11 @@ async def test_ready_before_compiled_then_serves_through_the_switch(
 def test_validate_measures_auto_and_judges_the_variant_it_chose() -> None:
     """`kembed validate` with dtype auto times fp32 and bf16 (compiling off, to keep this
     short), reports the table, and judges the chosen one against fp32."""
-    done = subprocess.run(
-        [sys.executable, "-m", "kembed_cli", "validate", "--limit", "100", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    done = run_kembed(
+        "validate",
+        "--limit",
+        "100",
+        "--json",
         timeout=600,
         env={**os.environ, "KEMBED_DTYPE": "auto", "KEMBED_TORCH_COMPILE": "off"},
     )

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -29,8 +27,9 @@ from producer_sdk.config import ClientConfig
 from schemas.catalog import ModelDescription, decode_card
 from scripts.kafka_local import CATALOG_TOPIC_CONFIG, LocalKafka, TopicSpec
 from tests.catalog_models import described
-from tests.conftest import ROOT, embed_request
+from tests.conftest import embed_request
 from tests.integration.kafka_io import read_all
+from tests.support.cli import run_kembed, without_kembed_env
 from worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
@@ -231,16 +230,7 @@ async def test_requests_are_routed_to_the_catalogs_topic(kafka: LocalKafka) -> N
 
 
 def kembed_models(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_")}
-    return subprocess.run(
-        [sys.executable, "-m", "kembed_cli", "models", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_kembed("models", *args, env=without_kembed_env(), timeout=60)
 
 
 async def test_kembed_models_lists_the_live_models(kafka: LocalKafka) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from scripts.kafka_local import LocalKafka
 from tests.conftest import ROOT, WorkerProcess, load_stsb
+from tests.support.cli import run_kembed
 
 pytestmark = pytest.mark.integration
 
@@ -99,11 +100,11 @@ def test_validate_judges_each_model_of_kembed_models() -> None:
             "quantization": "nf4",
         },
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "kembed_cli", "validate", "--limit", "100", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    done = run_kembed(
+        "validate",
+        "--limit",
+        "100",
+        "--json",
         timeout=600,
         env={**os.environ, "KEMBED_MODELS": json.dumps(models)},
     )
@@ -129,11 +130,12 @@ def test_validate_reads_the_pairs_shipped_with_the_package(tmp_path: Path) -> No
     env = {k: v for k, v in os.environ.items() if k not in ("KEMBED_STSB_DIR", "PYTHONPATH")}
 
     def run(**extra: str) -> dict[str, Any]:
-        done = subprocess.run(
-            [sys.executable, "-m", "kembed_cli", "validate", "--limit", "20", "--json"],
+        done = run_kembed(
+            "validate",
+            "--limit",
+            "20",
+            "--json",
             cwd=run_in,
-            capture_output=True,
-            text=True,
             timeout=600,
             env={**env, "PYTHONPATH": str(site), "KEMBED_DTYPE": "float32", **extra},
         )

@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
 import secrets
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,8 +31,9 @@ from producer_sdk import (
     KembedError,
 )
 from scripts.kafka_local import LocalKafka, TopicSpec
-from tests.conftest import ROOT, WorkerProcess
+from tests.conftest import WorkerProcess
 from tests.integration.kafka_io import producer
+from tests.support.cli import run_kembed, without_kembed_env
 from worker.settings import DEFAULT_REPLY_TOPICS
 
 pytestmark = pytest.mark.integration
@@ -252,16 +251,7 @@ async def test_tls_certificate_checks_fail_as_authentication_errors(
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """``kembed`` from this checkout, with only the given KEMBED_* variables."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_")}
-    return subprocess.run(
-        [sys.executable, "-m", "kembed_cli", *args],
-        cwd=ROOT,
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_kembed(*args, env=without_kembed_env(env))
 
 
 def test_cli_takes_credentials_from_env_and_never_prints_them(

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -17,8 +15,9 @@ import pytest
 
 from schemas import EmbedRequest, decode_result, encode_request
 from scripts.kafka_local import LocalKafka, TopicSpec
-from tests.conftest import ROOT, WorkerProcess
+from tests.conftest import WorkerProcess
 from tests.integration.kafka_io import collect, producer
+from tests.support.cli import run_kembed, without_kembed_env
 
 pytestmark = pytest.mark.integration
 
@@ -28,23 +27,13 @@ REQUESTS = 11
 
 def kembed_status(kafka: LocalKafka, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m kembed_cli status ...` in its own process, as an operator runs it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_")}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kembed_cli",
-            "status",
-            "--bootstrap-servers",
-            kafka.bootstrap_servers,
-            *args,
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    return run_kembed(
+        "status",
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        *args,
+        env=without_kembed_env(),
         timeout=60,
-        check=False,
     )
 
 

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -28,9 +27,10 @@ from kembed_cli.main import main
 from producer_sdk import EmbedClient
 from schemas import EmbedRequest, EmbedResult, decode_result, encode_request
 from scripts.kafka_local import LocalKafka, TopicSpec, free_port
-from tests.conftest import ROOT, WorkerProcess
+from tests.conftest import WorkerProcess
 from tests.integration.kafka_io import collect, producer
 from tests.integration.sink_helpers import SinkProcess
+from tests.support.cli import run_kembed
 
 pytestmark = pytest.mark.integration
 
@@ -91,15 +91,7 @@ def test_create_makes_every_topic_as_planned_check_agrees_and_create_again_chang
     env |= {"KEMBED_BOOTSTRAP_SERVERS": kafka.bootstrap_servers}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "kembed_cli", "topics", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return run_kembed("topics", *args, env=env)
 
     created = run("create", "--results", docs, "--partitions", "3")
     assert created.returncode == 0, created.stdout + created.stderr

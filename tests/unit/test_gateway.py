@@ -13,8 +13,6 @@ import base64
 import json
 import os
 import re
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -42,6 +40,7 @@ from producer_sdk.errors import (
 )
 from schemas import ErrorCode
 from tests.conftest import ROOT
+from tests.support.cli import run_kembed, without_kembed_env
 from tests.support.sdk import (
     ALIAS,
     MODEL,
@@ -201,15 +200,15 @@ def test_kembed_gateway_with_an_unreadable_key_file_exits_2(
 
 def test_kembed_gateway_exits_1_with_one_event_when_kafka_cannot_be_reached() -> None:
     """The client starts in the app's lifespan; uvicorn's failed start-up is exit 1."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEMBED_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "kembed_cli", "gateway", "--port", "0", "--log-format", "json"],
-        cwd=ROOT,
-        env={**env, "KEMBED_BOOTSTRAP_SERVERS": "127.0.0.1:1", "KEMBED_GATEWAY_API_KEYS": KEY},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = run_kembed(
+        "gateway",
+        "--port",
+        "0",
+        "--log-format",
+        "json",
+        env=without_kembed_env(
+            {"KEMBED_BOOTSTRAP_SERVERS": "127.0.0.1:1", "KEMBED_GATEWAY_API_KEYS": KEY}
+        ),
     )
     assert done.returncode == 1, done.stderr[-2000:]
     events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
