@@ -31,6 +31,7 @@ from schemas.codec import is_valid_topic
 from schemas.encodings import INT8_NORMALIZED_SCALE, row_bytes, unpack_rows, unpack_scales
 from schemas.v1 import MAX_ID_BYTES, pack_float32, unpack_float32
 from tests.conftest import embed_request
+from tests.support.msgpack_raw import packed, raw_array, raw_map, raw_str
 
 # ---------------------------------------------------------------------------- strategies
 
@@ -59,6 +60,25 @@ topics = st.from_regex(r"[A-Za-z0-9._-]{1,60}", fullmatch=True).filter(
 )
 keys_of = st.one_of(st.text(max_size=10), st.integers(min_value=-(2**63), max_value=2**63 - 1))
 optional_ints = st.none() | st.integers(min_value=0, max_value=2**63 - 1)
+
+
+REQUEST_KEYS = [
+    "v",
+    "id",
+    "inputs",
+    "model",
+    "normalize",
+    "truncate",
+    "dimensions",
+    "encoding",
+    "prompt",
+    "deadline_ms",
+    "reply_to",
+    "reply_partition",
+    "keys",
+    "meta",
+]
+"""Every field of a request, in the codec's canonical order."""
 
 
 @st.composite
@@ -119,6 +139,9 @@ def error_results(draw: st.DrawFn) -> ErrorResult:
         keys=None if keys is None else tuple(keys),
         meta=draw(st.none() | metas),
     )
+
+
+"""Every field of a request, in the canonical order of the codec."""
 
 
 def pack(value: object) -> bytes:
@@ -204,22 +227,7 @@ def test_full_request_key_order_is_canonical() -> None:
         keys=("k",),
         meta={"x": 1},
     )
-    assert list(unpack(encode_request(request))) == [
-        "v",
-        "id",
-        "inputs",
-        "model",
-        "normalize",
-        "truncate",
-        "dimensions",
-        "encoding",
-        "prompt",
-        "deadline_ms",
-        "reply_to",
-        "reply_partition",
-        "keys",
-        "meta",
-    ]
+    assert list(unpack(encode_request(request))) == REQUEST_KEYS
 
 
 def test_encoding_is_deterministic() -> None:
@@ -264,19 +272,8 @@ def test_any_key_order_is_accepted() -> None:
 
 def test_explicit_nil_is_treated_as_absent_in_requests() -> None:
     """Every optional request field set to nil decodes as its default."""
-    optional = [
-        "model",
-        "normalize",
-        "truncate",
-        "dimensions",
-        "encoding",
-        "prompt",
-        "deadline_ms",
-        "reply_to",
-        "reply_partition",
-        "keys",
-        "meta",
-    ]
+    optional = REQUEST_KEYS[3:]
+    assert optional[0] == "model"
     body: dict[str, Any] = {"v": 1, "id": "r", "inputs": ["a"]}
     body.update(dict.fromkeys(optional))
     assert decode_request(pack(body)) == EmbedRequest(id="r", inputs=("a",))
@@ -449,20 +446,11 @@ def test_unreadable_message_is_invalid_without_envelope(data: bytes) -> None:
 
 def test_invalid_utf8_in_input_keeps_envelope_and_index() -> None:
     """Invalid UTF-8 in an input is invalid_request with its index and the intact envelope."""
-    p = msgpack.packb
-    data = (
-        b"\x84"
-        + p("v")
-        + p(1)
-        + p("id")
-        + p("r9")
-        + p("reply_to")
-        + p("replies")
-        + p("inputs")
-        + b"\x92"
-        + p("fine")
-        + bytes([0xA0 | 2])
-        + b"\xff\xfe"
+    data = raw_map(
+        ("v", packed(1)),
+        ("id", packed("r9")),
+        ("reply_to", packed("replies")),
+        ("inputs", raw_array(packed("fine"), raw_str(b"\xff\xfe"))),
     )
     with pytest.raises(SchemaError) as info:
         decode_request(data)
@@ -473,18 +461,11 @@ def test_invalid_utf8_in_input_keeps_envelope_and_index() -> None:
 
 def test_invalid_utf8_in_other_field_has_no_index() -> None:
     """Invalid UTF-8 in a non-input field names no input index but keeps the id."""
-    p = msgpack.packb
-    data = (
-        b"\x84"
-        + p("v")
-        + p(1)
-        + p("id")
-        + p("r9")
-        + p("inputs")
-        + p(["ok"])
-        + p("prompt")
-        + bytes([0xA0 | 1])
-        + b"\xff"
+    data = raw_map(
+        ("v", packed(1)),
+        ("id", packed("r9")),
+        ("inputs", packed(["ok"])),
+        ("prompt", raw_str(b"\xff")),
     )
     with pytest.raises(SchemaError) as info:
         decode_request(data)
@@ -495,22 +476,6 @@ def test_invalid_utf8_in_other_field_has_no_index() -> None:
 
 # ---------------------------------------------------------------------------- fuzzing
 
-REQUEST_KEYS = [
-    "v",
-    "id",
-    "inputs",
-    "model",
-    "normalize",
-    "truncate",
-    "dimensions",
-    "encoding",
-    "prompt",
-    "deadline_ms",
-    "reply_to",
-    "reply_partition",
-    "keys",
-    "meta",
-]
 # Arbitrary nesting, including maps with non-string keys (which msgpack can encode).
 any_values = st.recursive(
     leaves,

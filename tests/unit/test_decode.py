@@ -10,6 +10,7 @@ import msgpack
 from kembed_shared.ports import Record
 from schemas import EmbedRequest, ErrorCode, encode_request
 from schemas.headers import routing_headers
+from tests.support.msgpack_raw import packed, raw_array, raw_map, raw_str
 from worker.decode import Accepted, DeadLetter, Limits, ModelLimits, Rejected, decode_record
 
 NOW_MS = 1_700_000_000_000
@@ -284,28 +285,13 @@ def test_truncation_direction_must_be_right_or_left() -> None:
     assert "truncation_direction" in result.error.message
 
 
-def _raw_str(data: bytes) -> bytes:
-    """A msgpack fixstr header followed by ``data`` as-is (which may be invalid UTF-8)."""
-    assert len(data) < 32
-    return bytes([0xA0 | len(data)]) + data
-
-
 def test_invalid_utf8_input_is_rejected_with_index_and_id() -> None:
     """Invalid UTF-8 inside one input is invalid_request naming its index, id preserved."""
-    p = msgpack.packb
-    value = (
-        b"\x84"
-        + p("v")
-        + p(1)
-        + p("id")
-        + p("utf-req")
-        + p("reply_to")
-        + p("client.replies")
-        + p("inputs")
-        + b"\x93"
-        + p("fine")
-        + p("also fine")
-        + _raw_str(b"ab\xff\xfe")
+    value = raw_map(
+        ("v", packed(1)),
+        ("id", packed("utf-req")),
+        ("reply_to", packed("client.replies")),
+        ("inputs", raw_array(packed("fine"), packed("also fine"), raw_str(b"ab\xff\xfe"))),
     )
     result = rejected(decode(value))
     assert result.request_id == "utf-req"
@@ -317,8 +303,7 @@ def test_invalid_utf8_input_is_rejected_with_index_and_id() -> None:
 
 def test_invalid_utf8_id_falls_back_to_headers() -> None:
     """Invalid UTF-8 in the id itself loses the body id; headers still allow an answer."""
-    p = msgpack.packb
-    value = b"\x83" + p("v") + p(1) + p("id") + _raw_str(b"\xff\xfe") + p("inputs") + p(["x"])
+    value = raw_map(("v", packed(1)), ("id", raw_str(b"\xff\xfe")), ("inputs", packed(["x"])))
     assert isinstance(decode(value), DeadLetter)
     result = rejected(decode(value, routing_headers("hdr-id")))
     assert result.request_id == "hdr-id"
