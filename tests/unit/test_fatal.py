@@ -10,7 +10,6 @@ that fails in the way under test.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,9 +17,26 @@ from pathlib import Path
 from typing import Any
 
 from kembed_shared.observability.fatal import ExitCode
+from tests.support.cli import without_kembed_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW_TRACEBACK = "Traceback (most recent call last)"
+
+
+def run_script(path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """The Python script ``path`` run against this source tree (whatever the environment
+    has installed), without this process's KEMBED_* variables but with ``env``; the
+    finished process and its stdout and stderr together."""
+    environ = without_kembed_env({"PYTHONPATH": str(ROOT), **env})
+    done = subprocess.run(
+        [sys.executable, str(path)],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done, done.stdout + done.stderr
 
 
 def run_worker_with(
@@ -43,26 +59,16 @@ def run_worker_with(
         sys.exit(main(["worker"]))
         """
     ).format(body=textwrap.indent(textwrap.dedent(body), "    "), prelude=prelude)
-    environ = {name: value for name, value in os.environ.items() if not name.startswith("KEMBED_")}
-    environ.update(
+    path = tmp_path / "failing_worker.py"
+    path.write_text(script)
+    done, output = run_script(
+        path,
         KEMBED_LOG_FORMAT="json",
         KEMBED_HTTP_PORT="0",
         KEMBED_HTTP_HOST="127.0.0.1",
         HF_HUB_OFFLINE="1",
-        PYTHONPATH=str(ROOT),  # this source tree, whatever the environment has installed
         **env,
     )
-    path = tmp_path / "failing_worker.py"
-    path.write_text(script)
-    done = subprocess.run(
-        [sys.executable, str(path)],
-        cwd=ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    output = done.stdout + done.stderr
     events = []
     for line in output.splitlines():
         try:
@@ -214,21 +220,11 @@ def test_the_sink_ends_an_unexpected_error_the_same_way(tmp_path: Path) -> None:
             """
         )
     )
-    environ = {name: value for name, value in os.environ.items() if not name.startswith("KEMBED_")}
-    environ.update(
+    done, output = run_script(
+        script,
         KEMBED_SINK_TARGET="postgresql://sink:db-Pa55word@127.0.0.1:5432/app",
         KEMBED_SINK_LOG_FORMAT="json",
-        PYTHONPATH=str(ROOT),
     )
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    output = done.stdout + done.stderr
     events = [json.loads(line) for line in output.splitlines()]
 
     assert done.returncode == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -121,6 +122,25 @@ class _FakeProducer:
         pass
 
 
+def _replier(
+    producer: _FakeProducer,
+    fatal: list[BaseException],
+    dead: list[str],
+    retry_for_s: float,
+    on_retry: Callable[[], None] = lambda: None,
+) -> Replier:
+    """The worker's replier over ``producer``; failures and dead letters noted in the lists."""
+    return Replier(
+        _publisher(producer),
+        results_topic="embed.results",
+        dlq_topic="embed.requests.dlq",
+        on_fatal=fatal.append,
+        retry_for_s=retry_for_s,
+        on_retry=on_retry,
+        on_dead_letter=dead.append,
+    )
+
+
 def _publisher(producer: _FakeProducer) -> KafkaPublisher:
     publisher = KafkaPublisher(
         "127.0.0.1:1", client_id="test", linger_ms=0, max_request_size=1_000_000
@@ -198,15 +218,7 @@ async def test_replier_retries_a_slow_metadata_wait_instead_of_dead_lettering(
     retries: list[None] = []
     dead: list[str] = []
     fatal: list[BaseException] = []
-    replier = Replier(
-        _publisher(producer),
-        results_topic="embed.results",
-        dlq_topic="embed.requests.dlq",
-        on_fatal=fatal.append,
-        retry_for_s=30,
-        on_retry=lambda: retries.append(None),
-        on_dead_letter=dead.append,
-    )
+    replier = _replier(producer, fatal, dead, 30, on_retry=lambda: retries.append(None))
     record = Record("embed.requests", 0, 5, b"request")
     assert await replier.answer(record, ReplyTo("id-1", None, None), b"result")
     assert producer.sent == [("embed.results", b"result", None)]
@@ -224,14 +236,7 @@ async def test_replier_gives_up_on_a_transient_failure_by_failing_the_worker(
     producer.client.answers = [KafkaConnectionError("down")] * 100
     dead: list[str] = []
     fatal: list[BaseException] = []
-    replier = Replier(
-        _publisher(producer),
-        results_topic="embed.results",
-        dlq_topic="embed.requests.dlq",
-        on_fatal=fatal.append,
-        retry_for_s=0.2,
-        on_dead_letter=dead.append,
-    )
+    replier = _replier(producer, fatal, dead, 0.2)
     record = Record("embed.requests", 0, 5, b"request")
     assert not await replier.answer(record, ReplyTo("id-1", None, None), b"result")
     assert dead == []
@@ -305,12 +310,7 @@ async def test_a_result_is_keyed_by_its_request_id() -> None:
     and without a reply_partition the producer picks the partition (by that key)."""
     producer = _FakeProducer()
     producer.client.cluster.known["embed.results"] = {0, 1}
-    replier = Replier(
-        _publisher(producer),
-        results_topic="embed.results",
-        dlq_topic="embed.requests.dlq",
-        on_fatal=print,
-    )
+    replier = _replier(producer, [], [], 300.0)
     record = Record("embed.requests", 0, 5, b"request")
     assert await replier.answer(record, ReplyTo("req-\u00fc", None, None), b"result")
     assert producer.sent == [("embed.results", b"result", None)]
