@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -14,6 +14,9 @@ from schemas import EmbedRequest, decode_request
 from scripts.kafka_local import LocalKafka
 from scripts.pg_local import LocalPostgres
 from scripts.worker_process import ROOT, WorkerProcess
+
+if TYPE_CHECKING:
+    from worker.settings import WorkerSettings
 
 __all__ = ["ROOT", "StsPair", "WorkerProcess", "load_stsb"]
 
@@ -28,6 +31,34 @@ os.environ.setdefault("KEMBED_CATALOG_TOPIC", "")
 # Test workers answer on any reply topic unless a test asks for the default allow-list
 # (test_bad_input's reply_forbidden test): each test names its own reply topics.
 os.environ.setdefault("KEMBED_REPLY_TOPICS", ".+")
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No KEMBED_* variables from the outer environment (nor the suite's defaults above),
+    and a fixed terminal width, for tests of settings and help text."""
+    for name in list(os.environ):
+        if name.startswith("KEMBED_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("COLUMNS", "100")
+    # The worker command sets HF_HUB_OFFLINE with setdefault; make monkeypatch restore it.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return monkeypatch
+
+
+@pytest.fixture
+def started(clean_env: pytest.MonkeyPatch) -> list[WorkerSettings]:
+    """``kembed worker`` with the real worker replaced by a fake that records the settings
+    it was started with (in a clean environment, as ``clean_env``)."""
+    import worker.app
+
+    seen: list[WorkerSettings] = []
+
+    async def fake_run_worker(settings: WorkerSettings) -> None:
+        seen.append(settings)
+
+    clean_env.setattr(worker.app, "run_worker", fake_run_worker)
+    return seen
 
 
 @pytest.fixture(scope="session")

@@ -2,39 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-import worker.app
 from kembed_cli.main import main
 from worker.settings import WorkerSettings
 
 FIELDS = list(WorkerSettings.model_fields)
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No KEMBED_* variables from the outer environment, and a fixed terminal width."""
-    for name in list(os.environ):
-        if name.startswith("KEMBED_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("COLUMNS", "100")
-    # _run_worker sets HF_HUB_OFFLINE with setdefault; make monkeypatch restore it.
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return monkeypatch
-
-
-@pytest.fixture
-def started(clean_env: pytest.MonkeyPatch) -> list[WorkerSettings]:
-    """Replace the real worker with a fake that records the settings it was started with."""
-    seen: list[WorkerSettings] = []
-
-    async def fake_run_worker(settings: WorkerSettings) -> None:
-        seen.append(settings)
-
-    clean_env.setattr(worker.app, "run_worker", fake_run_worker)
-    return seen
 
 
 def worker_help(capsys: pytest.CaptureFixture[str]) -> str:

@@ -3,7 +3,6 @@ of output, and the local broker's secured-mode configuration."""
 
 from __future__ import annotations
 
-import os
 import ssl
 from pathlib import Path
 from typing import Any, TypeVar
@@ -11,7 +10,6 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import SecretStr, ValidationError
 
-import worker.app
 from kembed_cli.main import main
 from kembed_shared.kafka.security import _missing_topic_rights, client_options, principal_of
 from kembed_shared.observability.logging import redacted
@@ -53,16 +51,6 @@ mqCk4V9utNIfWQOuGLHwfFGq5F1Yi3Z7OZVZ07XsrouUBmCi0+HbJYLuKAlv7cr5
 Ycnu0jKlOEIkahbK003b58GyVA5jWG46pS0JH1+bQIWdkBbugAT20N6rBVEQhjw=
 -----END ENCRYPTED PRIVATE KEY-----
 """
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in list(os.environ):
-        if name.startswith("KEMBED_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("COLUMNS", "100")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return monkeypatch
 
 
 @pytest.fixture
@@ -443,17 +431,6 @@ def test_authorization_error_names_principal_topic_and_operation() -> None:
         "write",
         "embed.requests",
     )
-
-
-@pytest.fixture
-def started(clean_env: pytest.MonkeyPatch) -> list[WorkerSettings]:
-    seen: list[WorkerSettings] = []
-
-    async def fake_run_worker(settings: WorkerSettings) -> None:
-        seen.append(settings)
-
-    clean_env.setattr(worker.app, "run_worker", fake_run_worker)
-    return seen
 
 
 def test_cli_security_flags_reach_the_settings(started: list[WorkerSettings]) -> None:
