@@ -102,18 +102,11 @@ class _FakeProducer:
         self.client.cluster.known[topic] = self.topics[topic]
         return self.topics[topic]
 
-    async def send(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[None]:
-        self.sent.append((topic, value, partition))
-        self.keys.append(key)
-        self.headers.append(list(headers or []))
+    async def send(self, topic: str, value: bytes, **options: Any) -> asyncio.Future[None]:
+        """aiokafka's ``send``: ``key``, ``partition`` and ``headers`` are noted."""
+        self.sent.append((topic, value, options.get("partition")))
+        self.keys.append(options.get("key"))
+        self.headers.append(list(options.get("headers") or []))
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
