@@ -128,7 +128,7 @@ def _store(
     return store
 
 
-def _former_upsert(conn: psycopg.Connection[Any], table: str, rows: Sequence[Row]) -> None:
+def former_upsert(conn: psycopg.Connection[Any], table: str, rows: Sequence[Row]) -> None:
     """The write path before binary COPY, kept here as the baseline."""
     statement = sql.SQL(
         "INSERT INTO {table} (id, vector, metadata, model, requested_ms, updated_at, doc_key) "
@@ -201,7 +201,7 @@ def breakdown(
     with _connect(pg) as conn:
         started = time.perf_counter()
         for batch in subset:
-            _former_upsert(conn, "bench_former", batch)
+            former_upsert(conn, "bench_former", batch)
         seconds = time.perf_counter() - started
     out["former_with_index"] = {
         "rows": subset_rows,

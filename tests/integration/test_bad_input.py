@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 import schemas.headers as hdr
-from schemas import EmbedResult, ErrorResult, decode_result
+from schemas import EmbedResult, ErrorResult, Result, decode_result
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
 from tests.integration.kafka_io import collect, producer, read_all
@@ -29,6 +29,19 @@ def _request(request_id: str, **fields: Any) -> bytes:
     body = {"v": 1, "id": request_id, "inputs": ["a valid text"], "reply_to": REPLIES, **fields}
     packed: bytes = msgpack.packb(body)
     return packed
+
+
+async def _answers(kafka: LocalKafka, expected: set[str]) -> dict[str, Result]:
+    """The results on REPLIES, by id, once every id of ``expected`` has one (answers are
+    published concurrently, so they arrive in any order)."""
+    replies = await collect(
+        kafka.bootstrap_servers,
+        REPLIES,
+        lambda records: (
+            expected <= {dict(r.headers).get(hdr.CORRELATION_ID, b"").decode() for r in records}
+        ),
+    )
+    return {r.id: r for r in (decode_result(record.value) for record in replies)}
 
 
 async def test_bad_messages_are_answered_or_dead_lettered(
@@ -70,14 +83,7 @@ async def test_bad_messages_are_answered_or_dead_lettered(
 
     # Answers are published concurrently, so they may arrive in any order: wait for all.
     expected = {*answered, valid_id}
-    replies = await collect(
-        kafka.bootstrap_servers,
-        REPLIES,
-        lambda records: (
-            expected <= {dict(r.headers).get(hdr.CORRELATION_ID, b"").decode() for r in records}
-        ),
-    )
-    results = {r.id: r for r in (decode_result(record.value) for record in replies)}
+    results = await _answers(kafka, expected)
 
     for request_id, (_, _, code) in answered.items():
         result = results[request_id]
@@ -169,14 +175,7 @@ async def test_every_documented_bad_input_gets_its_error_code(
         await client.send_and_wait("embed.requests", _request(valid_id), partition=1)
 
     expected = {*bodies, oversized_id, valid_id}
-    replies = await collect(
-        kafka.bootstrap_servers,
-        REPLIES,
-        lambda records: (
-            expected <= {dict(r.headers).get(hdr.CORRELATION_ID, b"").decode() for r in records}
-        ),
-    )
-    results = {r.id: r for r in (decode_result(record.value) for record in replies)}
+    results = await _answers(kafka, expected)
     for request_id, (_, code, index) in bodies.items():
         result = results.get(request_id)
         assert isinstance(result, ErrorResult), (request_id, result)

@@ -61,6 +61,33 @@ def _dead_codes(bootstrap: str, topic: str) -> dict[str, str]:
     return {(r.key or b"").decode(): dict(r.headers)[DLQ_ERROR_CODE].decode() for r in dead}
 
 
+def _sink_through(
+    kafka: LocalKafka,
+    tmp_path: Path,
+    topic: str,
+    group: str,
+    results: list[EmbedResult],
+    **settings: Any,
+) -> None:
+    """A sink process (``settings``) takes every result of ``results`` from ``topic``,
+    keeps running while it does, and stops cleanly."""
+    sink = SinkProcess(
+        kafka.bootstrap_servers,
+        tmp_path / "sink.log",
+        results_topic=topic,
+        group_id=group,
+        write_retry_s=5,
+        **settings,
+    )
+    try:
+        sink.wait_ready(timeout=90)
+        asyncio.run(_produce(kafka.bootstrap_servers, topic, results))
+        asyncio.run(wait_drained(kafka.bootstrap_servers, topic, group, len(results), sink))
+        assert sink.process.poll() is None
+    finally:
+        assert sink.stop() == 0
+
+
 def test_postgres_refusals_are_dead_lettered_by_cause_and_the_next_results_written(
     kafka: LocalKafka, postgres: LocalPostgres, tmp_path: Path
 ) -> None:
@@ -94,23 +121,16 @@ def test_postgres_refusals_are_dead_lettered_by_cause_and_the_next_results_writt
         _result("nul", title="a\x00b"),
         _result("good-4"),
     ]
-    sink = SinkProcess(
-        kafka.bootstrap_servers,
-        tmp_path / "sink.log",
+    _sink_through(
+        kafka,
+        tmp_path,
+        topic,
+        group,
+        results,
         target=postgres.dsn,
         target_password=postgres.password,
         table=table,
-        results_topic=topic,
-        group_id=group,
-        write_retry_s=5,
     )
-    try:
-        sink.wait_ready(timeout=90)
-        asyncio.run(_produce(kafka.bootstrap_servers, topic, results))
-        asyncio.run(wait_drained(kafka.bootstrap_servers, topic, group, len(results), sink))
-        assert sink.process.poll() is None
-    finally:
-        assert sink.stop() == 0
     with psycopg.connect(postgres.dsn, password=postgres.password, autocommit=True) as conn:
         stored = conn.execute(
             sql.SQL("SELECT id FROM {t} ORDER BY id").format(t=sql.Identifier(table))
@@ -150,22 +170,9 @@ def test_milvus_keys_with_backslashes_newlines_and_control_characters_are_writte
         for key in odd[:3]
     ]
     results = [*first, *second, _result("after", title="ok")]
-    sink = SinkProcess(
-        kafka.bootstrap_servers,
-        tmp_path / "sink.log",
-        target=f"milvus:///{path}",
-        table=collection,
-        results_topic=topic,
-        group_id=group,
-        write_retry_s=5,
+    _sink_through(
+        kafka, tmp_path, topic, group, results, target=f"milvus:///{path}", table=collection
     )
-    try:
-        sink.wait_ready(timeout=90)
-        asyncio.run(_produce(kafka.bootstrap_servers, topic, results))
-        asyncio.run(wait_drained(kafka.bootstrap_servers, topic, group, len(results), sink))
-        assert sink.process.poll() is None
-    finally:
-        assert sink.stop() == 0
     stored = milvus_rows(path, collection)
     want = {f"{key}#{k}": 2_000 for key in odd[:3] for k in range(2)}
     want |= {key: 1_000 for key in odd[3:]}

@@ -16,9 +16,9 @@ import numpy as np
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.types.json import Jsonb
 from pydantic import SecretStr
 
+from loadtest.sink import former_upsert
 from scripts.pg_local import LocalPostgres
 from sink.postgres import PostgresStore
 from sink.rows import Row
@@ -61,29 +61,6 @@ def _rows(count: int, version: int, seed: int, prefix: str = "doc") -> list[Row]
     ]
 
 
-def _old_upsert(conn: psycopg.Connection[Any], table: str, rows: list[Row]) -> None:
-    """The former write path, the reference: executemany of pgvector text literals."""
-    statement = sql.SQL(
-        "INSERT INTO {table} (id, vector, metadata, model, requested_ms, updated_at, doc_key) "
-        "VALUES (%s, %s::vector, %s, %s, %s, now(), %s) "
-        "ON CONFLICT (id) DO UPDATE SET vector = EXCLUDED.vector, "
-        "metadata = EXCLUDED.metadata, model = EXCLUDED.model, "
-        "requested_ms = EXCLUDED.requested_ms, updated_at = EXCLUDED.updated_at "
-        "WHERE {table}.requested_ms <= EXCLUDED.requested_ms"
-    ).format(table=sql.Identifier(table))
-    literal = [
-        "[" + ",".join(map(repr, row.vector.tolist())) + "]" for row in rows
-    ]  # the former vector_literal
-    with conn.transaction(), conn.cursor() as cursor:
-        cursor.executemany(
-            statement,
-            [
-                (row.id, text, Jsonb(row.metadata), row.model, row.requested_ms, row.id)
-                for row, text in zip(rows, literal, strict=True)
-            ],
-        )
-
-
 def _table(conn: psycopg.Connection[Any], table: str) -> list[tuple[Any, ...]]:
     return conn.execute(
         sql.SQL(
@@ -122,7 +99,7 @@ def test_copy_path_writes_exactly_the_rows_of_the_former_path(
         for store in (new, old):
             store.create(DIM, "cosine")
         new.upsert(rows)
-        _old_upsert(conn, "write_literal", rows)
+        former_upsert(conn, "write_literal", rows)  # the reference: the former write path
     finally:
         new.close()
         old.close()

@@ -240,15 +240,8 @@ def test_encoding_is_deterministic() -> None:
 def test_result_omits_absent_keys_and_meta() -> None:
     """Results leave out keys and meta when they are None."""
     result = EmbedResult(id="r", model="m", dim=1, vectors=b"\x00" * 4, tokens=(3,))
-    assert list(unpack(encode_result(result))) == [
-        "v",
-        "id",
-        "model",
-        "dim",
-        "dtype",
-        "vectors",
-        "tokens",
-    ]
+    present = ["v", "id", "model", "dim", "dtype", "vectors", "tokens"]
+    assert list(unpack(encode_result(result))) == present
     error = ErrorResult(id="r", error=ErrorInfo(ErrorCode.INTERNAL, "boom"))
     body = unpack(encode_result(error))
     assert body == {"v": 1, "id": "r", "error": {"code": "internal", "message": "boom"}}

@@ -601,6 +601,20 @@ async def test_at_least_once_commits_acknowledged_answers_through_the_consumer()
     assert source.commits == [{TP: 1}, {TP: 3}]
 
 
+async def one_answered(
+    give_up_after_s: float = float("inf"),
+) -> tuple[AtLeastOnce, FakeSource, list[BaseException]]:
+    """At-least-once delivery that has answered one record of TP (offset 0), its source,
+    and the failures it reports."""
+    fatal: list[BaseException] = []
+    source = FakeSource({TP, OTHER})
+    delivery = at_least_once(source, fatal.append, give_up_after_s=give_up_after_s)
+    record = Record(TP[0], TP[1], 0, b"")
+    delivery.track(record)
+    assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
+    return delivery, source, fatal
+
+
 def at_least_once(
     source: FakeSource,
     on_fatal: Callable[[BaseException], None] = print,
@@ -635,12 +649,7 @@ async def test_a_commit_that_cannot_pass_fails_the_worker_once(error: Exception,
     reported to on_fatal once, as a FatalCommitError (a KafkaAccessError: the worker logs
     it as kafka.<kind>_failed and exits 1), without a warning of its own, and the commit
     loop ends instead of trying again every interval while offsets never move."""
-    fatal: list[BaseException] = []
-    source = FakeSource({TP, OTHER})
-    delivery = at_least_once(source, fatal.append)
-    record = Record(TP[0], TP[1], 0, b"")
-    delivery.track(record)
-    assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
+    delivery, source, fatal = await one_answered()
     source.commit_error = error
     with structlog.testing.capture_logs() as logs:
         await asyncio.wait_for(delivery.run(), 5)  # returns: the loop ends
@@ -661,12 +670,7 @@ async def test_rebalance_failures_that_outlast_a_rebalance_fail_the_worker() -> 
     """Commits that keep failing "because of a rebalance" for longer than any rebalance
     takes (give_up_after_s: max_poll_interval_ms + session_timeout_ms) mean the worker
     never gets back into its group: a FatalCommitError (kind "commit")."""
-    fatal: list[BaseException] = []
-    source = FakeSource({TP, OTHER})
-    delivery = at_least_once(source, fatal.append, give_up_after_s=0.2)
-    record = Record(TP[0], TP[1], 0, b"")
-    delivery.track(record)
-    assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
+    delivery, source, fatal = await one_answered(give_up_after_s=0.2)
     source.commit_error = CommitFailedError()
     await delivery.commit()
     assert fatal == []
@@ -682,12 +686,7 @@ async def test_a_commit_refused_by_a_rebalance_is_retried_by_the_next_one() -> N
     """A commit that fails because the group rebalances (aiokafka's CommitFailedError,
     a rebalance in progress) is a warning; the commit loop goes on and a later commit
     moves the offsets."""
-    fatal: list[BaseException] = []
-    source = FakeSource({TP, OTHER})
-    delivery = at_least_once(source, fatal.append)
-    record = Record(TP[0], TP[1], 0, b"")
-    delivery.track(record)
-    assert await delivery.answer(record, ReplyTo("a", None, None), b"v")
+    delivery, source, fatal = await one_answered()
     source.commit_error = CommitFailedError()
     loop = asyncio.create_task(delivery.run())
     try:
