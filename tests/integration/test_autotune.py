@@ -152,10 +152,7 @@ def test_validate_measures_auto_and_judges_the_variant_it_chose() -> None:
     """`kembed validate` with dtype auto times fp32 and bf16 (compiling off, to keep this
     short), reports the table, and judges the chosen one against fp32."""
     done = run_kembed(
-        "validate",
-        "--limit",
-        "100",
-        "--json",
+        *["validate", "--limit", "100", "--json"],
         timeout=600,
         env={**os.environ, "KEMBED_DTYPE": "auto", "KEMBED_TORCH_COMPILE": "off"},
     )

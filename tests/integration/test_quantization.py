@@ -101,10 +101,7 @@ def test_validate_judges_each_model_of_kembed_models() -> None:
         },
     ]
     done = run_kembed(
-        "validate",
-        "--limit",
-        "100",
-        "--json",
+        *["validate", "--limit", "100", "--json"],
         timeout=600,
         env={**os.environ, "KEMBED_MODELS": json.dumps(models)},
     )
@@ -131,10 +128,7 @@ def test_validate_reads_the_pairs_shipped_with_the_package(tmp_path: Path) -> No
 
     def run(**extra: str) -> dict[str, Any]:
         done = run_kembed(
-            "validate",
-            "--limit",
-            "20",
-            "--json",
+            *["validate", "--limit", "20", "--json"],
             cwd=run_in,
             timeout=600,
             env={**env, "PYTHONPATH": str(site), "KEMBED_DTYPE": "float32", **extra},

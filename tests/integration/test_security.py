@@ -249,6 +249,31 @@ async def test_tls_certificate_checks_fail_as_authentication_errors(
     assert vectors.shape == (1, 384)
 
 
+def refused_worker(
+    kafka: LocalKafka,
+    tmp_path: Path,
+    user: str,
+    password: str,
+    timeout: float,
+    event: str = "kafka.authorization_failed",
+    **settings: Any,
+) -> tuple[WorkerProcess, list[dict[str, Any]], dict[str, Any]]:
+    """A worker logging in as ``user`` that must exit with status 1 having logged
+    ``event`` once: the worker, its events and that event."""
+    worker = WorkerProcess(
+        kafka.bootstrap_servers, tmp_path / "worker.log", **settings, **worker_login(user, password)
+    )
+    try:
+        status = worker.process.wait(timeout=timeout)
+    finally:
+        worker.stop()
+    events = worker.events()
+    failed = [e for e in events if e.get("event") == event]
+    assert status == 1
+    assert len(failed) == 1, events
+    return worker, events, failed[0]
+
+
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """``kembed`` from this checkout, with only the given KEMBED_* variables."""
     return run_kembed(*args, env=without_kembed_env(env))
@@ -351,22 +376,9 @@ def test_worker_without_rights_exits_with_a_clear_error(
     """A worker logged in as carol, who has no ACLs, logs kafka.authorization_failed naming
     every missing right and exits non-zero before loading the model, instead of waiting
     for partitions that never come."""
-    worker = WorkerProcess(
-        secure_kafka.bootstrap_servers,
-        tmp_path / "worker.log",
-        **worker_login("carol", passwords["carol"]),
-    )
-    try:
-        status = worker.process.wait(timeout=60)
-    finally:
-        worker.stop()
-
-    events = worker.events()
-    failed = [e for e in events if e.get("event") == "kafka.authorization_failed"]
-    assert status == 1
-    assert len(failed) == 1, events
-    reason = failed[0]["reason"]
-    assert failed[0]["level"] == "error"
+    worker, events, failed = refused_worker(secure_kafka, tmp_path, "carol", passwords["carol"], 60)
+    reason = failed["reason"]
+    assert failed["level"] == "error"
     assert reason.startswith("User:carol is not authorized for ")
     for right in (
         "READ on topic 'embed.requests'",
@@ -387,23 +399,16 @@ def test_exactly_once_worker_without_a_transactional_id_right_exits_with_a_clear
     on its transactional id logs kafka.authorization_failed naming that id and exits
     non-zero before loading the model."""
     transactional_id = f"kembed-denied-{uuid.uuid4().hex[:6]}"
-    worker = WorkerProcess(
-        secure_kafka.bootstrap_servers,
-        tmp_path / "worker.log",
+    worker, events, failed = refused_worker(
+        secure_kafka,
+        tmp_path,
+        WORKER_USER,
+        passwords[WORKER_USER],
+        120,
         delivery="exactly_once",
         transactional_id=transactional_id,
-        **worker_login(WORKER_USER, passwords[WORKER_USER]),
     )
-    try:
-        status = worker.process.wait(timeout=120)
-    finally:
-        worker.stop()
-
-    events = worker.events()
-    failed = [e for e in events if e.get("event") == "kafka.authorization_failed"]
-    assert status == 1
-    assert len(failed) == 1, events
-    assert failed[0]["reason"] == (
+    assert failed["reason"] == (
         f"User:{WORKER_USER} is not authorized for WRITE on transactional id "
         f"'{transactional_id}' (exactly_once delivery): it needs an ACL allowing it"
     )
@@ -417,23 +422,11 @@ def test_worker_refused_by_its_group_at_run_time_exits_with_a_clear_error(
     """dave passes the start-up check (topic rights, a visible group) but may not join the
     group: the refused join, like a right revoked while running, ends the worker with
     kafka.authorization_failed and status 1 instead of an idle worker."""
-    worker = WorkerProcess(
-        secure_kafka.bootstrap_servers,
-        tmp_path / "worker.log",
-        group_id=DAVE_GROUP,
-        **worker_login("dave", passwords["dave"]),
+    worker, events, failed = refused_worker(
+        secure_kafka, tmp_path, "dave", passwords["dave"], 180, group_id=DAVE_GROUP
     )
-    try:
-        status = worker.process.wait(timeout=180)
-    finally:
-        worker.stop()
-
-    events = worker.events()
-    failed = [e for e in events if e.get("event") == "kafka.authorization_failed"]
-    assert status == 1
     assert any(e.get("event") == "worker.started" for e in events)
-    assert len(failed) == 1, events
-    assert failed[0]["reason"].startswith(
+    assert failed["reason"].startswith(
         f"User:dave is not authorized for READ on consumer group '{DAVE_GROUP}'"
     )
     assert_no_secret(worker.log_path.read_text(), passwords)
@@ -514,19 +507,11 @@ def test_worker_with_wrong_password_exits_with_a_clear_error(
     """A worker with a wrong password logs kafka.authentication_failed and exits non-zero;
     its log holds neither the wrong password nor any real one."""
     wrong = f"wrong-{secrets.token_urlsafe(12)}"
-    worker = WorkerProcess(
-        secure_kafka.bootstrap_servers, tmp_path / "worker.log", **worker_login(WORKER_USER, wrong)
+    worker, _, failed = refused_worker(
+        secure_kafka, tmp_path, WORKER_USER, wrong, 60, event="kafka.authentication_failed"
     )
-    try:
-        status = worker.process.wait(timeout=60)
-    finally:
-        worker.stop()
-
-    failed = [e for e in worker.events() if e.get("event") == "kafka.authentication_failed"]
-    assert status == 1
-    assert len(failed) == 1, worker.events()
-    assert f"User:{WORKER_USER}" in failed[0]["reason"]
-    assert "SCRAM-SHA-512" in failed[0]["reason"]
+    assert f"User:{WORKER_USER}" in failed["reason"]
+    assert "SCRAM-SHA-512" in failed["reason"]
     assert_no_secret(worker.log_path.read_text(), passwords, wrong)
 
 
