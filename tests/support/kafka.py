@@ -64,18 +64,12 @@ class FakePublisher:
         self.more = asyncio.Event()
         self._on_send = on_send
 
-    async def send(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: Sequence[tuple[str, bytes]] = (),
-    ) -> None:
+    async def send(self, topic: str, value: bytes, **options: Any) -> None:
+        """The port's ``send``; of its keywords (key, partition, headers) headers are noted."""
+        headers = dict(options.get("headers", ()))
         if self._on_send is not None:
-            self._on_send(topic, dict(headers))
-        self.sent.append((topic, value, dict(headers)))
+            self._on_send(topic, headers)
+        self.sent.append((topic, value, headers))
         self.more.set()
 
 
@@ -116,17 +110,10 @@ class FakeTransactions:
         self.events.append(("begin",))
         self.begun.append(time.monotonic())
 
-    async def send(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: Sequence[tuple[str, bytes]] = (),
-    ) -> Awaitable[object]:
+    async def send(self, topic: str, value: bytes, **options: Any) -> Awaitable[object]:
+        """The port's ``send``; of its keywords (key, partition, headers) headers are noted."""
         assert self.open, "a message outside a transaction"
-        self.events.append(("send", topic, value, dict(headers)))
+        self.events.append(("send", topic, value, dict(options.get("headers", ()))))
         delivered: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         too_large = self.max_value_bytes is not None and len(value) > self.max_value_bytes
         if topic == self.fail_send_to or too_large:
