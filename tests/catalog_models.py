@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from schemas.catalog import ModelDescription
-from tests.unit.test_catalog_codec import CARD
+from tests.unit.schemas.test_catalog_codec import CARD
 
 _BASE = replace(ModelDescription(**CARD.description_fields()), aliases=(), prompts={})
 

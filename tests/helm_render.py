@@ -1,7 +1,7 @@
 """Rendering the Helm chart (deploy/helm/kembed) with the real ``helm``
 (``./.tools/helm``, built by scripts/deploy_tools.sh; the tests that use it fail, never
 skip, when it is missing), and reading the manifests: the helpers of
-tests/unit/test_helm_chart.py and tests/unit/test_helm_values.py."""
+tests/unit/deploy/test_helm_chart.py and tests/unit/deploy/test_helm_values.py."""
 
 import json
 import subprocess

@@ -42,7 +42,7 @@ _PENDING_SHARE = 8
 _MIN_PENDING_BYTES = 2**20
 # Python's memory per entry beyond the key and vector bytes: the key's and the vector's
 # bytes objects (their headers), the entry tuple, the OrderedDict's slot and link node.
-# Checked against tracemalloc by tests/unit/test_cache.py.
+# Checked against tracemalloc by tests/unit/worker/test_cache.py.
 _ENTRY_OVERHEAD = 2 * sys.getsizeof(b"") + sys.getsizeof((0, 0, 0, 0)) + 104
 # What a queued key (a touch or a delete) holds: its bytes object and its list slot.
 _KEY_OVERHEAD = sys.getsizeof(b"") + 8

@@ -25,7 +25,7 @@ from loadtest.data import stsb_sentences
 from producer_sdk import ChunkedEmbeddings, Chunking, EmbedClient
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
-from tests.unit.test_cache_persistence import read_only
+from tests.unit.worker.test_cache_persistence import read_only
 from worker.encoder.torch_backend import TorchEncoder
 from worker.tokenization import TextTokenizer
 

@@ -22,7 +22,7 @@ from gateway.app import create_app
 from gateway.server import _h11_protocol, http_protocol, server_config
 from kembed_shared.settings import KafkaClientSettings
 from tests.support.sdk import MODEL, FakeClient
-from tests.unit.test_gateway import gateway_settings
+from tests.unit.gateway.test_gateway import gateway_settings
 
 LIMIT_S = 30.0
 """How long a test waits for the server to answer and close: far above the 1 s timeouts

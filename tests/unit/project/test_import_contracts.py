@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("schemas", "kembed_shared", "worker", "sink", "producer_sdk", "gateway", "kembed_cli")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 

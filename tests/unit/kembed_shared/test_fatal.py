@@ -19,7 +19,7 @@ from typing import Any
 from kembed_shared.observability.fatal import ExitCode
 from tests.support.cli import without_kembed_env
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RAW_TRACEBACK = "Traceback (most recent call last)"
 
 

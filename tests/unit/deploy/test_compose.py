@@ -42,7 +42,7 @@ from sink.settings import SinkSettings
 from tests.deploy_env import kembed_args_problem, role_env_names
 from worker.settings import WorkerSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = ROOT / "deploy" / "compose" / "compose.yaml"
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 PASSWORD = "not-a-real-password-1"

@@ -10,7 +10,7 @@ import pytest
 
 from producer_sdk import ClientConfig, InputTooLongError
 from schemas import DEFAULT_MAX_INPUT_CHARS, Chunking
-from tests.unit.test_sdk_rerank import offline, vectors_result
+from tests.unit.producer_sdk.test_sdk_rerank import offline, vectors_result
 from worker.settings import WorkerSettings
 
 LIMIT = 20

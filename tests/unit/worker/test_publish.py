@@ -219,7 +219,7 @@ def test_dead_letter_headers_keep_originals_and_add_origin() -> None:
 
 # ---------------------------------------------------------------------------- output encodings
 
-VECTORS = Path(__file__).resolve().parents[2] / "schemas" / "vectors" / "v1"
+VECTORS = Path(__file__).resolve().parents[3] / "schemas" / "vectors" / "v1"
 
 
 @st.composite

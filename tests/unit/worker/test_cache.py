@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import EmbedRequest, EmbedResult, Encoding, ErrorCode, ErrorResult, Result
-from tests.unit.test_batch_failures import (
+from tests.unit.worker.test_batch_failures import (
     REPLIES,
     TOPIC,
     FakeEncoder,

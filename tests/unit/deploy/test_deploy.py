@@ -22,10 +22,10 @@ from worker.metrics import METRIC_NAMES, Metrics
 # Worker and sink metrics: the dashboard shows both (sinks in their own row).
 ALL_METRIC_NAMES = METRIC_NAMES + SINK_METRIC_NAMES
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "kembed-dashboard.json"
 RULES = DEPLOY / "prometheus" / "rules.yml"
-# Helm templates are Go templates, not YAML: tests/unit/test_helm_chart.py renders them.
+# Helm templates are Go templates, not YAML: tests/unit/deploy/test_helm_chart.py renders them.
 YAML_FILES = [
     path
     for path in sorted(DEPLOY.rglob("*.yml")) + sorted(DEPLOY.rglob("*.yaml"))
@@ -141,7 +141,7 @@ def rule_exprs() -> list[tuple[str, str]]:
 
 
 def every_expr() -> list[tuple[str, str]]:
-    # The Helm chart's KEDA trigger is rendered by helm: tests/unit/test_helm_chart.py
+    # The Helm chart's KEDA trigger is rendered by helm: tests/unit/deploy/test_helm_chart.py
     # checks its query with check_expr.
     return panel_exprs() + variable_exprs() + rule_exprs()
 

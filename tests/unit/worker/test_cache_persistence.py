@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import structlog
 
-from tests.unit.test_cache import ENTRY, INFO, hits, put
+from tests.unit.worker.test_cache import ENTRY, INFO, hits, put
 from worker import cache as cache_module
 from worker.cache import CacheNote, VectorCache, code_versions, model_fingerprint
 from worker.cache_store import entry_bytes, pending_limit

@@ -28,7 +28,7 @@ from schemas import (
     encode_request,
 )
 from tests.support.kafka import FakePublisher, FakeSource
-from tests.unit.test_batch_failures import (
+from tests.unit.worker.test_batch_failures import (
     MAX_SEQ,
     POISON,
     TOPIC,

@@ -23,7 +23,7 @@ from schemas import (
     encode_request,
     encode_result,
 )
-from tests.unit.test_codec import pack, unpack
+from tests.unit.schemas.test_codec import pack, unpack
 
 texts = st.text(min_size=1, max_size=12).filter(lambda t: t.encode("utf-8", "surrogatepass"))
 utf8 = st.text(min_size=1, max_size=12, alphabet=st.characters(blacklist_categories=["Cs"]))

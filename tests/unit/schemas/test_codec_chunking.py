@@ -23,8 +23,8 @@ from schemas import (
     encode_result,
 )
 from tests.conftest import embed_request
-from tests.unit.test_codec import _result_body as plain_result_body
-from tests.unit.test_codec import embed_results, requests
+from tests.unit.schemas.test_codec import _result_body as plain_result_body
+from tests.unit.schemas.test_codec import embed_results, requests
 
 
 def pack(value: object) -> bytes:

@@ -24,7 +24,7 @@ from schemas import (
 from worker.decode import Accepted, DeadLetter, Limits, ModelLimits, Rejected, decode_record
 from worker.settings import DEFAULT_REPLY_TOPICS, WorkerSettings
 
-VECTORS = Path(__file__).resolve().parents[2] / "schemas" / "vectors" / "v1"
+VECTORS = Path(__file__).resolve().parents[3] / "schemas" / "vectors" / "v1"
 VALID = json.loads((VECTORS / "valid.json").read_text(encoding="utf-8"))
 INVALID = json.loads((VECTORS / "invalid.json").read_text(encoding="utf-8"))
 

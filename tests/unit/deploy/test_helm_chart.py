@@ -39,7 +39,7 @@ from tests.helm_render import (
     values,
     workloads,
 )
-from tests.unit.test_deploy import check_expr
+from tests.unit.deploy.test_deploy import check_expr
 
 
 def test_helm_is_the_pinned_version() -> None:

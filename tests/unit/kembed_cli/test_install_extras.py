@@ -25,7 +25,7 @@ from packaging.utils import canonicalize_name
 from kembed_cli.extras import EXTRAS
 from kembed_cli.main import COMMANDS, main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 HEAVY = (
     "torch",

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import Chunking, EmbedRequest, EmbedResult, ErrorCode, ErrorResult
-from tests.unit.test_batch_failures import (
+from tests.unit.worker.test_batch_failures import (
     MAX_SEQ,
     REPLIES,
     TOPIC,

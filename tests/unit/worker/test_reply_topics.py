@@ -239,7 +239,7 @@ def test_the_sink_topics_of_the_chart_compose_and_sink_are_outside_the_interacti
     """The default reply allow-list once covered the sink's input (embed.results.docs):
     now the sink reads an ingestion topic, which the default reply_topics does not match
     and ingest_topics does, in the Helm chart, in Compose and as the sink's default."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     values = yaml.safe_load((root / "deploy/helm/kembed/values.yaml").read_text("utf-8"))
     compose = yaml.safe_load((root / "deploy/compose/compose.yaml").read_text("utf-8"))
     sink_env = compose["services"]["sink"]["environment"]

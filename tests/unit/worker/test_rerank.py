@@ -24,7 +24,7 @@ from schemas import (
     encode_request,
 )
 from tests.cross_encoder import build_cross_encoder
-from tests.unit.tokenizer_cost import peak_growth_mib
+from tests.unit.worker.tokenizer_cost import peak_growth_mib
 from worker.decode import Accepted, Limits, ModelLimits, Rejected, decode_record
 from worker.encoder import Prepared
 from worker.encoder.models import detect_kind, parse_activation, read_activation

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.tokenizer_cost import peak_growth_mib
+from tests.unit.worker.tokenizer_cost import peak_growth_mib
 from worker.encoder.models import resolve_model_dir
 from worker.encoder.pooling import POOLING_MODES, pool, read_pooling_mode
 from worker.tokenization import TextTokenizer

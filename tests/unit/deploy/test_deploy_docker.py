@@ -35,7 +35,7 @@ from sink.settings import SinkSettings
 from tests.deploy_env import role_env_names
 from worker.settings import WorkerSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 HEALTHCHECK = ROOT / "deploy" / "docker" / "healthcheck.py"
 DOCKERIGNORE = ROOT / ".dockerignore"

@@ -25,7 +25,7 @@ from producer_sdk.errors import (
     RequestTooLargeError,
 )
 from tests.support.sdk import MODEL, RERANKER, FakeClient, catalog_entry, score_of, tokens_of
-from tests.unit.test_gateway import (
+from tests.unit.gateway.test_gateway import (
     DOCS,
     KEY,
     WIRE_ERRORS,
@@ -35,7 +35,7 @@ from tests.unit.test_gateway import (
     served,
     tei_error,
 )
-from tests.unit.test_gateway import _no_gateway_env as _no_gateway_env
+from tests.unit.gateway.test_gateway import _no_gateway_env as _no_gateway_env
 
 QUERY = "What is Kafka?"
 DOCUMENTS = ["Kafka is a distributed log.", "Paris is in France.", "A broker stores records."]
