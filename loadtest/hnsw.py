@@ -43,9 +43,9 @@ from loadtest.data import stsb_sentences
 from loadtest.files import report_folder, save_report
 from scripts.pg_local import LocalPostgres
 from sink.postgres import PostgresStore, copy_data
+from sink.registry import parse_target
 from sink.rows import Row
 from sink.settings import SinkSettings
-from sink.targets import parse_target
 
 __all__ = ["Config", "cached_model_vectors", "main", "texts_for"]
 

@@ -50,9 +50,9 @@ from schemas.headers import LANE, LANE_BULK
 from scripts.kafka_local import LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
 from sink.postgres import PostgresStore, copy_data
+from sink.registry import parse_target
 from sink.rows import Row, RowsOf, newest, rows_of
 from sink.settings import SinkSettings
-from sink.targets import parse_target
 
 __all__ = ["main"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol, cast
 
 import structlog
 
@@ -35,7 +35,7 @@ from kembed_shared.ports import (
 from kembed_shared.settings import KafkaClientSettings
 from sink.consumer import Sink, retrying
 from sink.metrics import SinkMetrics
-from sink.registry import make_store
+from sink.registry import STORES
 from sink.settings import SinkSettings
 from sink.store import (
     DimensionMismatchError,
@@ -44,10 +44,25 @@ from sink.store import (
     TransientWriteError,
     VectorStore,
 )
+from sink.targets import TargetSpec
 
 __all__ = ["run_sink"]
 
 log = structlog.get_logger("kembed.sink")
+
+
+class StoreFactory(Protocol):
+    """What a ``sink.registry`` entry names: a store class that builds itself from the
+    sink's settings."""
+
+    def from_settings(self, spec: TargetSpec, settings: SinkSettings) -> VectorStore: ...
+
+
+def make_store(settings: SinkSettings) -> VectorStore:
+    """The store the target URI names (TargetError when its client is not installed)."""
+    spec = settings.target_spec()
+    factory = cast(StoreFactory, STORES[spec.kind].load())
+    return factory.from_settings(spec, settings)
 
 
 async def run_sink(settings: SinkSettings, kafka: KafkaClientSettings) -> None:
@@ -202,7 +217,7 @@ def _info(settings: SinkSettings, kafka: KafkaClientSettings) -> dict[str, Any]:
     spec = settings.target_spec()
     return {
         "target": spec.display,
-        "kind": "milvus_lite" if spec.lite else spec.kind,
+        "kind": f"{spec.kind}_lite" if spec.lite else spec.kind,
         "table": settings.table,
         "dim": settings.dim,
         "metric": settings.metric,

@@ -16,7 +16,8 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kembed_shared import service_fields as fields
-from sink.targets import TargetSpec, parse_target
+from sink.registry import STORES, able, parse_target
+from sink.targets import TargetSpec
 
 __all__ = ["SinkSettings"]
 
@@ -166,10 +167,17 @@ class SinkSettings(BaseSettings):
                 f"table {self.table!r}: use letters, digits and underscores (Postgres: "
                 "optionally schema.table)"
             )
-        if len(parts) == 2 and self.target_spec().kind != "postgres":
-            raise ValueError("table: a schema-qualified name is for Postgres targets only")
-        if self.index == "after" and self.target_spec().kind != "postgres":
-            raise ValueError("index: after (bulk mode) is for Postgres targets only")
+        store = STORES[self.target_spec().kind]
+        if len(parts) == 2 and not store.schema_tables:
+            raise ValueError(
+                "table: a schema-qualified name is for "
+                f"{able(lambda entry: entry.schema_tables)} targets only"
+            )
+        if self.index == "after" and not store.index_after:
+            raise ValueError(
+                f"index: after (bulk mode) is for {able(lambda entry: entry.index_after)} "
+                "targets only"
+            )
         return self
 
     def target_spec(self) -> TargetSpec:

@@ -6,6 +6,10 @@
 | ``milvus:///path/to/file.db`` | Milvus Lite: a local file, no server |
 | ``http://host:19530``, ``https://host``, ``milvus://host:19530`` | a Milvus server or cluster |
 
+Which scheme names which database is ``sink.registry.STORES``; this module holds the URI
+grammars its entries use (:func:`libpq_target`, :func:`server_target`,
+:func:`milvus_target`), light functions that import no database client.
+
 A password may come with the URI (``user:password@``, or ``?password=`` for Postgres) or,
 better, from ``target_password``; either way it is held as a ``SecretStr`` and
 :attr:`TargetSpec.display` (what logs and errors show) never holds it.
@@ -13,29 +17,32 @@ better, from ``target_password``; either way it is held as a ``SecretStr`` and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlencode, urlunsplit
 
 from pydantic import SecretStr
 
-__all__ = ["TargetSpec", "parse_target", "scrub"]
-
-Kind = Literal["postgres", "milvus"]
+__all__ = [
+    "TargetParser",
+    "TargetSpec",
+    "libpq_target",
+    "milvus_target",
+    "scrub",
+    "server_target",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class TargetSpec:
-    kind: Kind
+    kind: str
+    """The database: its key in ``sink.registry.STORES``."""
     uri: str
-    """The URI without its password: a libpq URI, a Milvus server URI, or a Lite file path."""
+    """The URI without its password: a libpq URI, a server URI, or a local file's path."""
     user: str | None = None
     password: SecretStr | None = None
-
-    @property
-    def lite(self) -> bool:
-        """A Milvus Lite file rather than a server."""
-        return self.kind == "milvus" and not self.uri.startswith(("http://", "https://"))
+    lite: bool = False
+    """A local file the store opens in this process (Milvus Lite) rather than a server."""
 
     @property
     def display(self) -> str:
@@ -43,39 +50,44 @@ class TargetSpec:
         return self.uri
 
 
-def parse_target(target: str, password: SecretStr | None = None) -> TargetSpec:
-    """The target a URI names; ValueError (whose text holds no password) when unusable.
-    ``password`` (the ``target_password`` setting) wins over one in the URI."""
-    parts = urlsplit(target.strip())
-    scheme = parts.scheme.lower()
+TargetParser = Callable[[str, SplitResult, "SecretStr | None"], TargetSpec]
+"""How one database reads its URIs: ``(kind, the split URI, the target_password setting)``
+to the target, or ValueError (whose text holds no password)."""
+
+
+def libpq_target(kind: str, parts: SplitResult, password: SecretStr | None) -> TargetSpec:
+    """A libpq URI, normalised to ``postgresql://``; a ``?password=`` leaves the query."""
     netloc, user, in_uri = _split_userinfo(parts.netloc)
-    if scheme in ("postgres", "postgresql"):
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        for name, value in query:
-            if name == "password":
-                in_uri = in_uri or value
-        query = [(name, value) for name, value in query if name != "password"]
-        user_part = f"{_quote_user(user)}@" if user else ""
-        uri = urlunsplit(
-            ("postgresql", user_part + netloc, parts.path, urlencode(query), parts.fragment)
-        )
-        return TargetSpec("postgres", uri, user, password or _secret(in_uri))
-    if scheme == "milvus" and not netloc:
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    for name, value in query:
+        if name == "password":
+            in_uri = in_uri or value
+    query = [(name, value) for name, value in query if name != "password"]
+    user_part = f"{_quote_user(user)}@" if user else ""
+    uri = urlunsplit(
+        ("postgresql", user_part + netloc, parts.path, urlencode(query), parts.fragment)
+    )
+    return TargetSpec(kind, uri, user, password or _secret(in_uri))
+
+
+def server_target(kind: str, parts: SplitResult, password: SecretStr | None) -> TargetSpec:
+    """A server reached over HTTP: ``https://`` stays HTTPS, any other scheme is HTTP; the
+    host is required, credentials leave the URI."""
+    netloc, user, in_uri = _split_userinfo(parts.netloc)
+    if not netloc:
+        raise ValueError(f"target {parts.scheme.lower()}://HOST:PORT needs a host")
+    scheme = "https" if parts.scheme.lower() == "https" else "http"
+    server = urlunsplit((scheme, netloc, parts.path, "", ""))
+    return TargetSpec(kind, server.rstrip("/"), user, password or _secret(in_uri))
+
+
+def milvus_target(kind: str, parts: SplitResult, password: SecretStr | None) -> TargetSpec:
+    """``milvus:///PATH`` (no host): a Milvus Lite file; otherwise a server."""
+    if parts.scheme.lower() == "milvus" and not parts.netloc:
         if not parts.path or parts.path == "/":
             raise ValueError("target milvus:///PATH needs the path of a Milvus Lite file")
-        return TargetSpec("milvus", unquote(parts.path))
-    if scheme in ("http", "https", "milvus"):
-        if not netloc:
-            raise ValueError(f"target {scheme}://HOST:PORT needs a host")
-        server = urlunsplit(("https" if scheme == "https" else "http", netloc, parts.path, "", ""))
-        return TargetSpec("milvus", server.rstrip("/"), user, password or _secret(in_uri))
-    if not scheme and target.strip().endswith(".db"):
-        return TargetSpec("milvus", target.strip())
-    shown = f"{scheme}://..." if scheme else "a URI without a scheme"
-    raise ValueError(
-        f"target {shown} is not supported: use postgresql://, milvus:///file.db, "
-        "http(s)://host:19530 or milvus://host:19530"
-    )
+        return TargetSpec(kind, unquote(parts.path), lite=True)
+    return server_target(kind, parts, password)
 
 
 def scrub(text: str, spec: TargetSpec) -> str:

@@ -24,9 +24,9 @@ from pydantic import SecretStr
 from scripts.pg_local import LocalPostgres
 from scripts.pgvector_build import PGVECTOR_VERSION, emulator_command, ensure_emulator
 from sink.postgres import PostgresStore
+from sink.registry import parse_target
 from sink.rows import Row
 from sink.store import Metric
-from sink.targets import parse_target
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from schemas import EmbedResult, encode_result
 from scripts.kafka_local import LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
 from sink.postgres import PostgresStore
-from sink.targets import parse_target
+from sink.registry import parse_target
 from tests.conftest import StsPair, WorkerProcess, load_stsb
 from tests.integration.kafka_io import read_all
 from tests.integration.sink_helpers import (

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sink.milvus import MilvusStore
-from sink.targets import parse_target
+from sink.registry import parse_target
 from tests.integration.test_sink_chunks_postgres import DIM, chunk_rows, plain_rows
 
 pytestmark = pytest.mark.integration

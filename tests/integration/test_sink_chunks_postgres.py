@@ -18,8 +18,8 @@ from pydantic import SecretStr
 from schemas import EmbedResult, encode_result
 from scripts.pg_local import LocalPostgres
 from sink.postgres import PostgresStore
+from sink.registry import parse_target
 from sink.rows import Row, RowsOf, rows_of
-from sink.targets import parse_target
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from schemas.headers import DLQ_ERROR_CODE
 from scripts.kafka_local import LocalKafka, TopicSpec
 from scripts.pg_local import LocalPostgres
 from sink.postgres import PostgresStore
-from sink.targets import parse_target
+from sink.registry import parse_target
 from tests.integration.kafka_io import read_all
 from tests.integration.sink_helpers import BULK_LANE, SinkProcess, milvus_rows, wait_drained
 

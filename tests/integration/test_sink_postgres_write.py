@@ -21,9 +21,9 @@ from pydantic import SecretStr
 from loadtest.sink import former_upsert
 from scripts.pg_local import LocalPostgres
 from sink.postgres import PostgresStore
+from sink.registry import parse_target
 from sink.rows import Row
 from sink.store import RowsRefusedError, TransientWriteError
-from sink.targets import parse_target
 
 pytestmark = pytest.mark.integration
 

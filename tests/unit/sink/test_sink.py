@@ -14,9 +14,10 @@ from kembed_cli.main import build_parser
 from kembed_shared.settings import describe_errors
 from schemas import EmbedResult, Encoding, ErrorCode, ErrorInfo, ErrorResult, encode_result
 from schemas.encodings import INT8_NORMALIZED_SCALE
+from sink.registry import parse_target
 from sink.rows import MAX_ID_BYTES, Refused, Row, RowsOf, jsonable, newest, rows_of
 from sink.settings import SinkSettings
-from sink.targets import parse_target, scrub
+from sink.targets import scrub
 
 VECTORS = np.array([[0.6, 0.8, 0.0], [0.0, -1.0, 0.0]], dtype=np.float32)
 

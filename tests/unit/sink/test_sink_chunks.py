@@ -9,9 +9,9 @@ from pydantic import SecretStr
 
 from schemas import EmbedResult, encode_result
 from sink.postgres import PostgresStore, copy_data
+from sink.registry import parse_target
 from sink.rows import Refused, Row, RowsOf, newest, rows_of
 from sink.store import RowsRefusedError, TargetError, TransientWriteError
-from sink.targets import parse_target
 
 # Input "a" in two chunks, input 7 in one: three vectors, one per chunk.
 CHUNK_VECTORS = np.array([[0.6, 0.8, 0.0], [0.0, -1.0, 0.0], [1.0, 0.0, 0.0]], np.float32)
