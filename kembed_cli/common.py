@@ -16,7 +16,8 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -25,14 +26,13 @@ from kembed_shared.settings import KafkaClientSettings, describe_errors, securit
 from schemas import Chunking
 
 __all__ = [
+    "ServiceCommand",
     "add_chunking_flags",
-    "add_service_flags",
     "add_settings_flags",
     "chunking_from",
     "local_models_only",
     "positive_int",
     "quiet_kafka_logs",
-    "run_service",
     "run_to_exit",
     "security_options",
     "settings_from",
@@ -68,13 +68,6 @@ def add_settings_flags(
         )
 
 
-def add_service_flags(parser: argparse.ArgumentParser, model: type[BaseModel], prefix: str) -> None:
-    """A service's flags (``sink``, ``gateway``): its own (env vars ``<prefix><NAME>``),
-    then the Kafka connection flags every kembed process shares (``KEMBED_<NAME>``)."""
-    add_settings_flags(parser, model, env_prefix=prefix)
-    add_settings_flags(parser, KafkaClientSettings)
-
-
 def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
     """argparse type and choices for a settings field's annotation."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -105,21 +98,36 @@ def settings_from(model: type[_S], args: argparse.Namespace, command: str) -> _S
         return None
 
 
-def run_service(
-    command: str,
-    model: type[_S],
-    args: argparse.Namespace,
-    serve: Callable[[_S, KafkaClientSettings], int],
-) -> int:
-    """Run a service's subcommand: its extra (named like it) must be installed, its own
-    settings and the Kafka ones valid (else exit status 2, after saying what is wrong with
-    either); then ``serve(settings, kafka)``'s exit status."""
-    require(command, command)
-    settings = settings_from(model, args, command)
-    kafka = settings_from(KafkaClientSettings, args, command)
-    if settings is None or kafka is None:
-        return 2
-    return serve(settings, kafka)
+@dataclass(frozen=True, slots=True)
+class ServiceCommand(Generic[_S]):
+    """A service's subcommand (``sink``, ``gateway``): its module takes ``add_arguments``
+    and ``run`` from one of these."""
+
+    name: str
+    """The subcommand, which is also the name of the extra it needs."""
+    model: type[_S]
+    """Its settings."""
+    prefix: str
+    """Their environment variables' prefix."""
+    serve: Callable[[_S, KafkaClientSettings], int]
+    """Serves with valid settings; the exit status."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Its own flags (env vars ``<prefix><NAME>``), then the Kafka connection flags
+        every kembed process shares (``KEMBED_<NAME>``)."""
+        add_settings_flags(parser, self.model, env_prefix=self.prefix)
+        add_settings_flags(parser, KafkaClientSettings)
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Its extra must be installed, its own settings and the Kafka ones valid (else
+        exit status 2, after saying what is wrong with either); then ``serve(settings,
+        kafka)``'s exit status."""
+        require(self.name, self.name)
+        settings = settings_from(self.model, args, self.name)
+        kafka = settings_from(KafkaClientSettings, args, self.name)
+        if settings is None or kafka is None:
+            return 2
+        return self.serve(settings, kafka)
 
 
 def run_to_exit(service: str, body: Callable[[], int]) -> int:

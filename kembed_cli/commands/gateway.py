@@ -10,12 +10,11 @@ to send a request's headers.
 
 from __future__ import annotations
 
-import argparse
 import signal
 from types import FrameType
 
 from gateway.settings import GatewaySettings
-from kembed_cli.common import add_service_flags, run_service, run_to_exit
+from kembed_cli.common import ServiceCommand, run_to_exit
 from kembed_shared.observability.fatal import ExitCode, install_hooks, secrets_of
 from kembed_shared.observability.logging import configure_logging
 from kembed_shared.settings import KafkaClientSettings
@@ -30,14 +29,6 @@ DESCRIPTION = (
     "KEMBED_GATEWAY_<FLAG>; the Kafka connection flags are the worker's (KEMBED_<FLAG>). "
     "Exit status 2 for invalid settings, 1 when Kafka cannot be reached at start."
 )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_service_flags(parser, GatewaySettings, "KEMBED_GATEWAY_")
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_service("gateway", GatewaySettings, args, serve)
 
 
 def serve(settings: GatewaySettings, kafka: KafkaClientSettings) -> int:
@@ -69,3 +60,8 @@ def serve(settings: GatewaySettings, kafka: KafkaClientSettings) -> int:
 
 def _ignore(signum: int, frame: FrameType | None) -> None:
     """A signal that arrives after uvicorn has drained: nothing is left to stop."""
+
+
+_COMMAND = ServiceCommand("gateway", GatewaySettings, "KEMBED_GATEWAY_", serve)
+add_arguments = _COMMAND.add_arguments
+run = _COMMAND.run

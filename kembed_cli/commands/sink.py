@@ -7,10 +7,9 @@ connection settings every kembed process shares (``KEMBED_<FLAG>``).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
-from kembed_cli.common import add_service_flags, run_service, run_to_exit
+from kembed_cli.common import ServiceCommand, run_to_exit
 from kembed_shared.observability.fatal import install_hooks, secrets_of
 from kembed_shared.observability.logging import configure_logging
 from kembed_shared.ports import KafkaAccessError
@@ -34,14 +33,6 @@ DESCRIPTION = (
     "Exit status 2 for invalid settings or an unusable target (a table of another "
     "dimension), 1 when Kafka or the database fails."
 )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_service_flags(parser, SinkSettings, "KEMBED_SINK_")
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_service("sink", SinkSettings, args, serve)
 
 
 def serve(settings: SinkSettings, kafka: KafkaClientSettings) -> int:
@@ -72,3 +63,8 @@ def _target_secrets(settings: SinkSettings) -> tuple[str, ...]:
     except ValueError:
         return ()
     return (password.get_secret_value(),) if password is not None else ()
+
+
+_COMMAND = ServiceCommand("sink", SinkSettings, "KEMBED_SINK_", serve)
+add_arguments = _COMMAND.add_arguments
+run = _COMMAND.run
