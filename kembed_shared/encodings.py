@@ -60,7 +60,9 @@ def quantize_int8(vectors: Floats, *, normalized: bool) -> tuple[npt.NDArray[np.
 
 def dequantize_int8(codes: npt.NDArray[np.int8], scales: Floats) -> Floats:
     """int8 codes (n, dim) back to float32 values: ``codes * scales[:, None]``."""
-    return (codes.astype(np.float32) * scales.astype(np.float32)[:, None]).astype(np.float32)
+    return (codes.astype(np.float32) * scales.astype(np.float32)[:, None]).astype(
+        np.float32, copy=False
+    )
 
 
 def _pack_float32(vectors: Floats, normalized: bool) -> tuple[bytes, bytes | None]:
@@ -120,14 +122,16 @@ def encode_rows(
     return LAYOUTS[encoding].pack(vectors, normalized)
 
 
-def decode_vectors(result: EmbedResult) -> npt.NDArray[Any]:
-    """The vectors of ``result`` as a writable array in the host's native byte order:
-    (n, dim), or (n, ceil(dim / 8)) packed bits for binary."""
+def decode_vectors(result: EmbedResult, *, writable: bool = True) -> npt.NDArray[Any]:
+    """The vectors of ``result`` in the host's native byte order: (n, dim), or
+    (n, ceil(dim / 8)) packed bits for binary. A writable copy; with ``writable=False``
+    a read-only view of the blob where its byte order is the host's (no copy), for a
+    reader that copies the values anyway."""
     encoding = Encoding(result.dtype)
     layout = LAYOUTS[encoding]
     width = row_bytes(encoding, result.dim) // np.dtype(layout.wire).itemsize
-    flat = np.frombuffer(result.vectors, dtype=layout.wire)
-    return flat.reshape(result.count, width).astype(layout.native)
+    rows = np.frombuffer(result.vectors, dtype=layout.wire).reshape(result.count, width)
+    return rows.astype(layout.native, copy=writable)
 
 
 def decode_scales(result: EmbedResult) -> Floats | None:

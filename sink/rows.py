@@ -298,7 +298,7 @@ def float_vectors(result: EmbedResult) -> npt.NDArray[np.float32]:
     times their scales. Binary has no float values (the caller refuses it)."""
     return to_float32(
         Encoding(result.dtype),
-        decode_vectors(result),
+        decode_vectors(result, writable=False),  # to_float32 makes the one copy
         decode_scales(result),
         refusal="binary vectors have no float values",
     )

@@ -83,6 +83,13 @@ def test_float_values_are_exact_widened_or_dequantized(
 ) -> None:
     result = packed(vectors, encoding)
     values = to_float32(encoding, decode_vectors(result), decode_scales(result), refusal="x")
+    # A reader that skips the writable copy (the sink) gets the same values, as a new array.
+    view = decode_vectors(result, writable=False)
+    from_view = to_float32(encoding, view, decode_scales(result), refusal="x")
+    np.testing.assert_array_equal(from_view, values)
+    assert from_view.flags.writeable
+    assert not np.shares_memory(from_view, view)
+    assert decode_vectors(result).flags.writeable
     assert values.dtype == np.float32
     assert values.shape == vectors.shape
     match encoding:
