@@ -9,6 +9,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from schemas import Result, decode_result
+
 
 @asynccontextmanager
 async def producer(bootstrap: str, **config: Any) -> AsyncIterator[Any]:
@@ -47,6 +49,21 @@ async def collect(
         return records
     finally:
         await consumer.stop()
+
+
+def answered(ids: set[str]) -> Callable[[list[Any]], bool]:
+    """An ``until`` for :func:`collect`: every request of ``ids`` has a result among the
+    records."""
+    return lambda records: ids <= {decode_result(record.value).id for record in records}
+
+
+async def results_for(
+    bootstrap: str, topic: str, ids: set[str], *, timeout: float = 60
+) -> list[Result]:
+    """The results on partition 0 of ``topic``, decoded, read until each of ``ids`` has
+    one or ``timeout`` seconds pass."""
+    records = await collect(bootstrap, topic, answered(ids), timeout=timeout)
+    return [decode_result(record.value) for record in records]
 
 
 async def read_all(bootstrap: str, topic: str, **config: Any) -> list[Any]:

@@ -179,6 +179,15 @@ def _check_vectors(result: EmbedResult, texts: tuple[str, ...], reference_model:
     assert cosines.min() > 0.9999, (result.id, cosines)
 
 
+async def _all_embedded(group: Group, results: dict[str, Result], reference_model: Any) -> None:
+    """Each of ``results`` holds its inputs' vectors; every request sent was answered once
+    and its offset committed."""
+    for request_id, result in results.items():
+        assert isinstance(result, EmbedResult), result
+        _check_vectors(result, group.sent[request_id].inputs, reference_model)
+    await group.check_answered_once_and_committed()
+
+
 def _mixed_requests(tag: str, count: int, long_texts: list[str]) -> list[EmbedRequest]:
     """``count`` requests of one to three inputs: STS-B sentences and, in every third
     request, a long passage (truncated to the model's 256 tokens)."""
@@ -251,10 +260,7 @@ async def test_a_batch_failing_on_one_input_answers_every_other_request(
     assert isinstance(failure, ErrorResult), failure
     assert failure.error.code == ErrorCode.INTERNAL
     assert failure.error.index == 1
-    for request_id, result in results.items():
-        assert isinstance(result, EmbedResult), result
-        _check_vectors(result, group.sent[request_id].inputs, reference_model)
-    await group.check_answered_once_and_committed()
+    await _all_embedded(group, results, reference_model)
 
     events = worker.events()
     failed = [e for e in events if e.get("event") == "batch.failed"]
@@ -295,10 +301,7 @@ async def test_a_batch_out_of_memory_is_split_and_the_lane_budget_lowered(
     results = await group.answers({request.id for request in requests})
     resource.prlimit(pid, resource.RLIMIT_AS, (hard, hard))
 
-    for request_id, result in results.items():
-        assert isinstance(result, EmbedResult), result
-        _check_vectors(result, group.sent[request_id].inputs, reference_model)
-    await group.check_answered_once_and_committed()
+    await _all_embedded(group, results, reference_model)
 
     events = worker.events()
     failed = [e for e in events if e.get("event") == "batch.failed"]

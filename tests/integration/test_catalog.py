@@ -138,21 +138,16 @@ async def test_cards_are_refreshed_and_a_dead_workers_card_goes_stale(kafka: Loc
     catalog = new_catalog(kafka)
     interval = 1.0
     async with raw_producer(kafka) as producer:
-        live = Announcer(
-            producer,
-            topic=catalog,
-            group_id="g",
-            instance="alive",
-            interval_s=interval,
-            models=[served("kept", "embed.requests")],
-        )
-        dead = Announcer(
-            producer,
-            topic=catalog,
-            group_id="g",
-            instance="killed",
-            interval_s=interval,
-            models=[served("lost", "embed.requests")],
+        live, dead = (
+            Announcer(
+                producer,
+                topic=catalog,
+                group_id="g",
+                instance=instance,
+                interval_s=interval,
+                models=[served(model, "embed.requests")],
+            )
+            for instance, model in (("alive", "kept"), ("killed", "lost"))
         )
         await live.start()
         try:

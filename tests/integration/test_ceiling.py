@@ -4,29 +4,21 @@ workers, every request answered once, and a complete report. Figures are never a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from loadtest.ceiling import find_pyspy
-from tests.conftest import ROOT
+from tests.support.cli import run_module
 
 pytestmark = pytest.mark.integration
 
 
 def test_ceiling_small_run_writes_a_complete_report(tmp_path: Path) -> None:
     out = tmp_path / "ceiling"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "loadtest.ceiling", "--texts", "640", "--warmup", "64"),
-            *("--repeat", "2", "--workers", "2", "--profile", "--out", str(out)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    done = run_module(
+        *("loadtest.ceiling", "--texts", "640", "--warmup", "64", "--repeat", "2"),
+        *("--workers", "2", "--profile", "--out", str(out)),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "ceiling.json").read_text())

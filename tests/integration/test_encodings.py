@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import uuid
 
 import msgpack
@@ -26,8 +24,9 @@ from producer_sdk import (
 from schemas import EmbedResult, ErrorResult, decode_result, encode_result
 from schemas.headers import routing_headers
 from scripts.kafka_local import LocalKafka, TopicSpec
-from tests.conftest import ROOT, StsPair, WorkerProcess, embed_request, load_stsb
+from tests.conftest import StsPair, WorkerProcess, embed_request, load_stsb
 from tests.integration.kafka_io import collect, producer
+from tests.support.cli import run_kembed
 
 pytestmark = pytest.mark.integration
 
@@ -229,27 +228,18 @@ async def test_a_worker_that_ignores_encoding_raises_unexpected_encoding(
 
 def test_cli_embed_prints_int8_codes_and_scales(kafka: LocalKafka, worker: WorkerProcess) -> None:
     """`kembed embed --encoding int8` prints the codes and one scale per text as JSON."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from kembed_cli.main import main; sys.exit(main(sys.argv[1:]))",
-            "embed",
-            "--bootstrap-servers",
-            kafka.bootstrap_servers,
-            "--encoding",
-            "int8",
-            "--dimensions",
-            "16",
-            "first text",
-            "second text",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
+    out = run_kembed(
+        "embed",
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--encoding",
+        "int8",
+        "--dimensions",
+        "16",
+        "first text",
+        "second text",
     )
+    assert out.returncode == 0, out.stderr
     printed = json.loads(out.stdout)
     assert printed["encoding"] == "int8"
     assert printed["dim"] == 16

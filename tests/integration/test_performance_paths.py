@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +20,8 @@ from scipy.stats import spearmanr
 from loadtest import e2e
 from producer_sdk import EmbedClient
 from scripts.kafka_local import LocalKafka, TopicSpec
-from tests.conftest import ROOT, WorkerProcess, load_stsb
+from tests.conftest import WorkerProcess, load_stsb
+from tests.support.cli import run_module
 
 pytestmark = pytest.mark.integration
 
@@ -114,13 +113,7 @@ def test_loadtest_quick_run_writes_a_complete_report(tmp_path: Path) -> None:
     and writes the JSON and Markdown report and both plots (targets are judged only on
     full runs; a quick run is a smoke test of the benchmark itself)."""
     out = tmp_path / "report"
-    done = subprocess.run(
-        [sys.executable, "-m", "loadtest", "--quick", "--torch-compile", "off", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_module("loadtest", "--quick", "--torch-compile", "off", "--out", str(out))
     assert done.returncode in (0, 1), done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert {t["name"].split(" ")[0] for t in report["targets"]} >= {
@@ -147,15 +140,9 @@ def test_sink_benchmark_small_run_writes_a_complete_report(tmp_path: Path) -> No
     """`python -m loadtest.sink` at small sizes (its own PostgreSQL and broker) loads every
     row in both modes end to end and writes its report; figures are never asserted."""
     out = tmp_path / "sink"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "loadtest.sink", "--results", "4", "--rows", "128"),
-            *("--baseline-results", "2", "--batch-results", "2", "--out", str(out)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    done = run_module(
+        *("loadtest.sink", "--results", "4", "--rows", "128", "--baseline-results", "2"),
+        *("--batch-results", "2", "--out", str(out)),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
@@ -170,15 +157,9 @@ def test_soak_short_run_answers_everything_and_reports_memory(tmp_path: Path) ->
     """`python -m loadtest.soak` (here 15 s instead of 10 min) answers every interactive and
     bulk request without error and writes its report and RSS plot."""
     out = tmp_path / "soak"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "loadtest.soak", "--minutes", "0.25", "--warmup-s", "10"),
-            *("--sample-s", "1", "--out", str(out)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    done = run_module(
+        *("loadtest.soak", "--minutes", "0.25", "--warmup-s", "10"),
+        *("--sample-s", "1", "--out", str(out)),
     )
     assert done.returncode in (0, 1), done.stderr[-3000:]
     report = json.loads((out / "soak.json").read_text())

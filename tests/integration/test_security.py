@@ -155,14 +155,7 @@ async def test_client_without_write_right_gets_authorization_error(
 ) -> None:
     """bob may read results but not write embed.requests: embed() fails at once with an
     AuthorizationError naming the user, the topic and the operation, and no password."""
-    options = sasl("bob", passwords["bob"])
-    async with EmbedClient(secure_kafka.bootstrap_servers, **options) as client:
-        started = time.monotonic()
-        with pytest.raises(AuthorizationError) as failure:
-            await client.embed(["bob's text"], timeout=30)
-        elapsed = time.monotonic() - started
-
-    error = failure.value
+    error, elapsed = await _refused(secure_kafka, "bob", passwords)
     assert elapsed < 5, "the error must come at once, not after the timeout"
     assert isinstance(error, KembedError)
     assert error.principal == "User:bob"
@@ -177,16 +170,22 @@ async def test_client_that_may_not_read_replies_fails_fast(
 ) -> None:
     """erin may describe but not read the reply topic: instead of waiting for results that
     can never arrive, embed() fails at once with an AuthorizationError for READ."""
-    options = sasl("erin", passwords["erin"])
-    async with EmbedClient(secure_kafka.bootstrap_servers, **options) as client:
+    error, elapsed = await _refused(secure_kafka, "erin", passwords)
+    assert elapsed < 10
+    assert (error.operation, error.topic) == ("read", "embed.results")
+    assert_no_secret(str(error), passwords)
+
+
+async def _refused(
+    kafka: LocalKafka, user: str, passwords: dict[str, str]
+) -> tuple[AuthorizationError, float]:
+    """The AuthorizationError ``user``'s embed() gets, and how long it took."""
+    options = sasl(user, passwords[user])
+    async with EmbedClient(kafka.bootstrap_servers, **options) as client:
         started = time.monotonic()
         with pytest.raises(AuthorizationError) as failure:
-            await client.embed(["erin's text"], timeout=30)
-        elapsed = time.monotonic() - started
-
-    assert elapsed < 10
-    assert (failure.value.operation, failure.value.topic) == ("read", "embed.results")
-    assert_no_secret(str(failure.value), passwords)
+            await client.embed([f"{user}'s text"], timeout=30)
+        return failure.value, time.monotonic() - started
 
 
 async def test_wrong_password_gets_authentication_error(

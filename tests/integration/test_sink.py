@@ -106,6 +106,23 @@ def pg_settings(postgres: LocalPostgres, table: str, topic: str, group: str) -> 
     }
 
 
+def milvus_settings(path: Path, table: str, topic: str, group: str) -> dict[str, Any]:
+    """A sink writing ``topic`` into collection ``table`` of the Milvus Lite file ``path``."""
+    return {"target": f"milvus://{path}", "table": table, "results_topic": topic, "group_id": group}
+
+
+def _ones_result(request_id: str, dim: int, key: str) -> EmbedResult:
+    """A float32 result of one vector of ones, for ``key``."""
+    return EmbedResult(
+        id=request_id,
+        model="m",
+        dim=dim,
+        vectors=np.ones((1, dim), "<f4").tobytes(),
+        tokens=(3,),
+        keys=(key,),
+    )
+
+
 def pg_rows(postgres: LocalPostgres, table: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(postgres.dsn, password=postgres.password) as conn:
         return conn.execute(
@@ -386,24 +403,10 @@ def test_error_results_and_unusable_messages_go_to_the_sink_dlq(
             await producer.start()
             try:
                 await producer.send_and_wait(topic, b"\xc1 not msgpack", partition=0, headers=BULK)
-                small = EmbedResult(
-                    id="dim-8",
-                    model="m",
-                    dim=8,
-                    vectors=np.ones((1, 8), "<f4").tobytes(),
-                    tokens=(3,),
-                    keys=("dim8-1",),
-                )
+                small = _ones_result("dim-8", 8, "dim8-1")
                 await producer.send_and_wait(topic, encode_result(small), partition=1, headers=BULK)
                 # a valid result no worker stamped (written by anyone else)
-                unstamped = EmbedResult(
-                    id="forged",
-                    model="m",
-                    dim=384,
-                    vectors=np.ones((1, 384), "<f4").tobytes(),
-                    tokens=(3,),
-                    keys=("forged-1",),
-                )
+                unstamped = _ones_result("forged", 384, "forged-1")
                 await producer.send_and_wait(topic, encode_result(unstamped), partition=0)
             finally:
                 await producer.stop()
@@ -635,12 +638,7 @@ def test_reingest_with_changed_text_updates_milvus_rows_in_place(
     create_topics(kafka, topic)
     ids, first, second = reingest_docs
     path = tmp_path / "docs.db"
-    settings = {
-        "target": f"milvus://{path}",
-        "table": "docs",
-        "results_topic": topic,
-        "group_id": group,
-    }
+    settings = milvus_settings(path, "docs", topic, group)
     bootstrap = kafka.bootstrap_servers
     sink = start_sink(kafka, tmp_path / "first.log", **settings)
     try:
@@ -721,12 +719,7 @@ def test_a_result_processed_late_never_replaces_a_newer_row(
     settings = (
         pg_settings(postgres, "versions", topic, group)
         if target == "postgres"
-        else {
-            "target": f"milvus://{tmp_path / 'versions.db'}",
-            "table": "versions",
-            "results_topic": topic,
-            "group_id": group,
-        }
+        else milvus_settings(tmp_path / "versions.db", "versions", topic, group)
     )
     bootstrap = kafka.bootstrap_servers
 
@@ -777,12 +770,7 @@ def test_two_versions_of_a_key_in_one_batch_keep_the_newer(
     settings = (
         pg_settings(postgres, "batch_versions", topic, group)
         if postgres is not None
-        else {
-            "target": f"milvus://{tmp_path / 'batch_versions.db'}",
-            "table": "batch_versions",
-            "results_topic": topic,
-            "group_id": group,
-        }
+        else milvus_settings(tmp_path / "batch_versions.db", "batch_versions", topic, group)
     )
     bootstrap = kafka.bootstrap_servers
     older, newer = [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]

@@ -118,6 +118,18 @@ def _table(postgres: LocalPostgres, table: str) -> dict[str, tuple[int, float]]:
     return {key: (version, first) for key, version, first in found}
 
 
+def _settings(postgres: LocalPostgres, table: str, topic: str, **more: Any) -> dict[str, Any]:
+    """A sink of group ``sink-<table>`` writing ``topic`` into ``table``."""
+    return {
+        "target": postgres.dsn,
+        "target_password": postgres.password,
+        "table": table,
+        "results_topic": topic,
+        "group_id": f"sink-{table}",
+        **more,
+    }
+
+
 @pytest.mark.parametrize(
     ("sinks", "forms"), [(2, "chunked"), (3, "chunked"), (2, "mixed"), (3, "mixed")]
 )
@@ -127,16 +139,7 @@ def test_concurrent_sinks_leave_every_document_at_its_newest_version(
     name = f"race{sinks}{forms}"
     topic, group, table = f"embed.results.{name}", f"sink-{name}", name
     kafka.create_topics([TopicSpec(topic, PARTITIONS), TopicSpec(f"{topic}.dlq", 1)])
-    settings: dict[str, Any] = {
-        "target": postgres.dsn,
-        "target_password": postgres.password,
-        "table": table,
-        "results_topic": topic,
-        "group_id": group,
-        "max_batch_results": 25,
-        "dim": DIM,
-        "metric": "l2",
-    }
+    settings = _settings(postgres, table, topic, max_batch_results=25, dim=DIM, metric="l2")
     bootstrap = kafka.bootstrap_servers
     running = [SinkProcess(bootstrap, tmp_path / f"sink{n}.log", **settings) for n in range(sinks)]
     try:
@@ -195,14 +198,8 @@ def test_sinks_started_on_a_table_of_an_older_sink_migrate_it_and_write(
             ("p", {"title": "P"}, 30),
         ],
     )
-    settings: dict[str, Any] = {
-        "target": postgres.dsn,
-        "target_password": postgres.password,
-        "table": table,
-        "results_topic": topic,
-        "group_id": group,
-    }
     bootstrap = kafka.bootstrap_servers
+    settings = _settings(postgres, table, topic)
     sinks = [SinkProcess(bootstrap, tmp_path / f"sink{n}.log", **settings) for n in range(2)]
     sends = [(0, _result("a", 20, 1)), (1, _result("p", 25, 0))]
     try:

@@ -26,7 +26,7 @@ from kembed_shared.kafka.group_status import read_fleet_status
 from schemas import EmbedRequest, EmbedResult, decode_result, encode_request
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
-from tests.integration.kafka_io import collect, producer
+from tests.integration.kafka_io import answered, collect, producer, results_for
 
 pytestmark = pytest.mark.integration
 
@@ -133,13 +133,7 @@ async def _restart_one_of_two(kafka: LocalKafka, tmp_path: Path, *, static: bool
                     requests_topic, encode_request(request), partition=i % PARTITIONS
                 )
         wanted = {r.id for r in requests}
-        records = await collect(
-            kafka.bootstrap_servers,
-            replies,
-            lambda rs: wanted <= {decode_result(r.value).id for r in rs},
-            timeout=120,
-        )
-        answers = [decode_result(r.value) for r in records]
+        answers = await results_for(kafka.bootstrap_servers, replies, wanted, timeout=120)
         assert wanted <= {a.id for a in answers if isinstance(a, EmbedResult)}
 
         return Restart(
@@ -230,7 +224,7 @@ async def test_a_restarted_exactly_once_worker_fences_its_predecessor_by_default
         records = await collect(
             kafka.bootstrap_servers,
             results_topic,
-            lambda rs: wanted <= {decode_result(r.value).id for r in rs},
+            answered(wanted),
             timeout=timeout,
             isolation_level="read_committed",
         )

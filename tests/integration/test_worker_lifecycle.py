@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from schemas import EmbedRequest, EmbedResult, decode_result, encode_request
+from schemas import EmbedRequest, EmbedResult, encode_request
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
-from tests.integration.kafka_io import collect, producer
+from tests.integration.kafka_io import producer, results_for
 
 pytestmark = pytest.mark.integration
 
@@ -42,13 +42,8 @@ async def test_requests_sent_before_any_worker_are_answered_when_one_starts(
     )
     try:
         wanted = {r.id for r in requests}
-        records = await collect(
-            kafka.bootstrap_servers,
-            replies,
-            lambda records: wanted <= {decode_result(r.value).id for r in records},
-            timeout=120,
-        )
-        found = {result.id: result for result in (decode_result(r.value) for r in records)}
+        answers = await results_for(kafka.bootstrap_servers, replies, wanted, timeout=120)
+        found = {result.id: result for result in answers}
     finally:
         exit_code = worker.stop()
     assert {r.id for r in requests} <= found.keys()

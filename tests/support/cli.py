@@ -11,7 +11,7 @@ from pathlib import Path
 
 from scripts.worker_process import ROOT
 
-__all__ = ["run_kembed", "without_kembed_env"]
+__all__ = ["run_kembed", "run_module", "without_kembed_env"]
 
 
 def without_kembed_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -28,8 +28,20 @@ def run_kembed(
 ) -> subprocess.CompletedProcess[str]:
     """``kembed ARGS`` with ``env`` (this process's environment when None); its exit
     status, stdout and stderr as text, whatever the status."""
+    return run_module("kembed_cli", *args, env=env, cwd=cwd, timeout=timeout)
+
+
+def run_module(
+    module: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path = ROOT,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS`` (a benchmark, the CLI) with this interpreter; its exit
+    status, stdout and stderr as text, whatever the status."""
     return subprocess.run(
-        [sys.executable, "-m", "kembed_cli", *args],
+        [sys.executable, "-m", module, *args],
         cwd=cwd,
         env=None if env is None else dict(env),
         capture_output=True,

@@ -131,6 +131,16 @@ def _models(bulk_every: int = 4) -> LaneScheduler[str]:
     )
 
 
+def _picks(lanes: LaneScheduler[str], count: int, now: float = 0.0) -> list[tuple[str, str]]:
+    """The (model, lane) of the next ``count`` batches."""
+    picks = []
+    for _ in range(count):
+        chosen = lanes.next_model_batch(now=now, max_wait=1.0)
+        assert chosen is not None
+        picks.append((chosen[0], chosen[1]))
+    return picks
+
+
 def test_a_batch_holds_one_models_inputs() -> None:
     """Inputs of two models waiting together are cut into batches of one model each."""
     lanes = _models()
@@ -152,11 +162,7 @@ def test_the_model_whose_interactive_input_waited_longest_goes_first() -> None:
     lanes = _models()
     lanes.add(INTERACTIVE, _item("b-old", at=1.0), "b")
     lanes.add(INTERACTIVE, _item("a-new", at=2.0), "a")
-    first = lanes.next_model_batch(now=10.0, max_wait=1.0)
-    second = lanes.next_model_batch(now=10.0, max_wait=1.0)
-    assert first is not None
-    assert second is not None
-    assert (first[0], second[0]) == ("b", "a")
+    assert [model for model, _ in _picks(lanes, 2, now=10.0)] == ["b", "a"]
 
 
 def test_interactive_work_of_any_model_goes_before_bulk_of_another() -> None:
@@ -165,12 +171,7 @@ def test_interactive_work_of_any_model_goes_before_bulk_of_another() -> None:
     for i in range(20):
         lanes.add(BULK, _item(f"a-bulk{i}"), "a")
         lanes.add(INTERACTIVE, _item(f"b{i}"), "b")
-    order = []
-    for _ in range(6):
-        chosen = lanes.next_model_batch(now=0.0, max_wait=1.0)
-        assert chosen is not None
-        order.append((chosen[0], chosen[1]))
-    assert order == [("b", INTERACTIVE), ("b", INTERACTIVE), ("a", BULK)] * 2
+    assert _picks(lanes, 6) == [("b", INTERACTIVE), ("b", INTERACTIVE), ("a", BULK)] * 2
 
 
 def test_models_with_bulk_work_take_turns() -> None:
@@ -179,12 +180,7 @@ def test_models_with_bulk_work_take_turns() -> None:
     for i in range(12):
         lanes.add(BULK, _item(f"a{i}"), "a")
         lanes.add(BULK, _item(f"b{i}"), "b")
-    models = []
-    for _ in range(6):
-        chosen = lanes.next_model_batch(now=0.0, max_wait=1.0)
-        assert chosen is not None
-        models.append(chosen[0])
-    assert models == ["a", "b", "a", "b", "a", "b"]
+    assert [model for model, _ in _picks(lanes, 6)] == ["a", "b", "a", "b", "a", "b"]
 
 
 def test_a_prepared_bulk_batch_yields_to_interactive_work_of_another_model() -> None:
