@@ -13,11 +13,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import psycopg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from producer_sdk import EmbedClient
 from schemas.headers import LANE, LANE_BULK
+from scripts.kafka_local import LocalKafka, TopicSpec
+from scripts.pg_local import LocalPostgres
 from scripts.worker_process import WorkerProcess, variables
 
 BULK_LANE = [(LANE, LANE_BULK.encode())]
@@ -187,3 +191,39 @@ async def wait_drained(
         if time.monotonic() > deadline:
             raise AssertionError(f"group {group} committed {done}, topic ends at {ends}")
         await asyncio.sleep(0.3)
+
+
+def create_topics(kafka: LocalKafka, topic: str) -> None:
+    kafka.create_topics([TopicSpec(topic, 4), TopicSpec(f"{topic}.dlq", 1)])
+
+
+def start_sink(kafka: LocalKafka, log: Path, **settings: Any) -> SinkProcess:
+    sink = SinkProcess(kafka.bootstrap_servers, log, **settings)
+    sink.wait_ready(timeout=90)
+    return sink
+
+
+def pg_settings(postgres: LocalPostgres, table: str, topic: str, group: str) -> dict[str, Any]:
+    return {
+        "target": postgres.dsn,
+        "target_password": postgres.password,
+        "table": table,
+        "results_topic": topic,
+        "group_id": group,
+    }
+
+
+def milvus_settings(path: Path, table: str, topic: str, group: str) -> dict[str, Any]:
+    """A sink writing ``topic`` into collection ``table`` of the Milvus Lite file ``path``."""
+    return {"target": f"milvus://{path}", "table": table, "results_topic": topic, "group_id": group}
+
+
+def pg_rows(postgres: LocalPostgres, table: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(postgres.dsn, password=postgres.password) as conn:
+        return conn.execute(
+            f"SELECT id, vector::text, metadata, model FROM {table} ORDER BY id"
+        ).fetchall()
+
+
+def parse_vector(text: str) -> np.ndarray[Any, np.dtype[np.float32]]:
+    return np.array(json.loads(text), dtype=np.float32)
