@@ -14,13 +14,13 @@ from typing import Any
 
 import msgpack
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from producer_sdk import EmbedClient, EmbedError
 from schemas import EmbedRequest, encode_request
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
 from tests.integration.kafka_io import producer
+from tests.support.metrics import samples, total
 from worker.metrics import METRIC_NAMES
 
 pytestmark = pytest.mark.integration
@@ -36,24 +36,6 @@ def get(url: str) -> tuple[int, bytes]:
             return int(response.status), bytes(response.read())
     except urllib.error.HTTPError as error:
         return int(error.code), bytes(error.read())
-
-
-def samples(base: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every sample of a scrape, keyed by (sample name, labels)."""
-    status, body = get(f"{base}/metrics")
-    assert status == 200
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(body.decode())
-        for s in family.samples
-    }
-
-
-def total(
-    scrape: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
-) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in scrape.items() if n == name and wanted <= ls)
 
 
 @pytest.fixture(scope="module")

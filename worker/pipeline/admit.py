@@ -61,6 +61,9 @@ class Admission:
         init=False,
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="kembed-tokenizer"),
     )
+    # Bulk chunks are tokenized in turn: a short one done inline must not be queued before
+    # a longer one still on the tokenizer thread (the oldest input is batched first).
+    _bulk_turn: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
 
     async def fetch_loop(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -93,7 +96,13 @@ class Admission:
                 # take the CPU in one long burst: it is tokenized in chunks, in order (one
                 # tokenizer thread), each queued for batching as soon as it is ready.
                 for chunk in _chunks(accepted[lane], _BULK_TOKENIZE_TEXTS):
-                    self.tasks.spawn(self._tokenize(lane, chunk))
+                    self.tasks.spawn(self._tokenize_in_turn(lane, chunk))
+
+    async def _tokenize_in_turn(self, lane: str, accepted: list[Admitted]) -> None:
+        """:meth:`_tokenize` once the chunks spawned before this one are queued (the lock
+        is fair: tasks wait in the order they were spawned)."""
+        async with self._bulk_turn:
+            await self._tokenize(lane, accepted)
 
     async def _offload(self, work: Callable[[], _T], chars: int) -> _T:
         if chars <= _INLINE_TOKENIZE_CHARS:
