@@ -4,6 +4,7 @@ start-up tuning (part of :class:`worker.settings.WorkerSettings`)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -43,7 +44,18 @@ class ModelSpec(BaseModel):
     kind: ModelKind | None = None
 
     def served_name(self) -> str:
-        return self.name or self.model
+        return self.name or default_name(self.model)
+
+
+def default_name(model: str) -> str:
+    """The name a model configured as ``model`` is served under when none is given: a
+    local directory's own name (``/models/e5-small-v2``: ``e5-small-v2``), so that no
+    filesystem path is ever a model name in the catalog; else ``model`` itself (a model
+    id, the bundled model)."""
+    path = Path(model).expanduser()
+    if model.startswith(("/", ".", "~")) or path.is_dir():
+        return path.resolve().name or model
+    return model
 
 
 def _json_if_text(value: Any) -> Any:
@@ -64,7 +76,8 @@ class ModelFields(BaseModel):
     model_name: str | None = Field(
         None,
         description="Name the model is served under (requests' `model`, results' `model`). "
-        "Default: the `model` setting.",
+        "Default: the `model` setting, or for a local directory its own name (never its "
+        "path).",
     )
     device: str = Field("auto", description="torch device: auto (cuda if present), cpu, cuda:N.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
@@ -201,7 +214,7 @@ class ModelFields(BaseModel):
         return self
 
     def served_name(self) -> str:
-        return self.model_name or self.model
+        return self.model_name or default_name(self.model)
 
     def model_specs(self) -> tuple[ModelSpec, ...]:
         """The models to serve: ``models``, or the one the single-model settings describe."""

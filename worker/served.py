@@ -12,6 +12,7 @@ from schemas import EmbedRequest, Kind
 from schemas.catalog import ModelDescription
 from worker.encoder import Encoder
 from worker.encoder.models import detect_kind
+from worker.model_settings import default_name
 from worker.settings import ModelSpec, WorkerSettings
 from worker.tokenization import TextTokenizer
 
@@ -118,7 +119,9 @@ def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozen
     tokenizer = TextTokenizer.from_model_dir(
         model_dir, encoder.info.max_seq_length, settings.truncation_direction
     )
-    names = frozenset({settings.served_name(), settings.model, *aliases_for(settings.model)})
+    # The configured value answers too, unless it is a path (never a model name).
+    given = {settings.model} if default_name(settings.model) == settings.model else set()
+    names = frozenset({settings.served_name(), *given, *aliases_for(settings.model)})
     return encoder, tokenizer, names
 
 

@@ -52,8 +52,8 @@ def test_plain_hugging_face_directory_uses_mean_pooling_and_config_limits(
 async def test_worker_serves_a_model_directory_under_its_name(
     kafka: LocalKafka, plain_hf_dir: Path, tmp_path: Path
 ) -> None:
-    """KEMBED_MODEL=<directory> with KEMBED_MODEL_NAME serves that name; other names are
-    unknown_model."""
+    """KEMBED_MODEL=<directory> with KEMBED_MODEL_NAME serves that name; other names, the
+    directory's path among them (a path is never a model name), are unknown_model."""
     topic = f"test.models.{uuid.uuid4().hex[:6]}"
     kafka.create_topics([TopicSpec(topic, 1)])
     worker = WorkerProcess(
@@ -70,8 +70,11 @@ async def test_worker_serves_a_model_directory_under_its_name(
             vectors = await client.embed(TEXTS, model="my-minilm", timeout=60)
             with pytest.raises(EmbedError) as caught:
                 await client.embed(TEXTS, model="sentence-transformers/all-MiniLM-L6-v2")
+            with pytest.raises(EmbedError) as by_path:
+                await client.embed(TEXTS, model=str(plain_hf_dir), timeout=60)
         assert vectors.shape == (3, 384)
         assert caught.value.code == "unknown_model"
+        assert by_path.value.code == "unknown_model"
     finally:
         assert worker.stop() == 0
 

@@ -16,6 +16,7 @@ from schemas import EmbedRequest
 from schemas.catalog import ModelDescription
 from worker.encoder import ModelInfo
 from worker.encoder.models import read_prompts, resolve_model_dir
+from worker.model_settings import default_name
 from worker.served import ServedModel
 from worker.settings import ModelSpec, WorkerSettings
 
@@ -143,3 +144,18 @@ def test_request_topics_of_all_models_in_order(monkeypatch: pytest.MonkeyPatch) 
     assert _request_topics() == ["embed.requests", "e.c", "embed.requests.bulk"]
     monkeypatch.setenv("KEMBED_MODELS", "not json")
     assert _request_topics() == ["embed.requests", "embed.requests.bulk"]
+
+
+def test_a_model_directory_is_served_under_its_own_name_never_its_path() -> None:
+    """With no name given, a local directory is served as its last part (so no catalog
+    entry, /v1/models id or result's model is a filesystem path); a model id as itself."""
+    assert default_name("/models/e5-small-v2") == "e5-small-v2"
+    assert default_name("./models/e5-small-v2/") == "e5-small-v2"
+    assert default_name("~/models/bge") == "bge"
+    assert default_name("BAAI/bge-small-en-v1.5") == "BAAI/bge-small-en-v1.5"
+    assert ModelSpec.model_validate({"model": "/models/e5-small-v2"}).served_name() == "e5-small-v2"
+    assert (
+        ModelSpec.model_validate({"model": "/models/e5-small-v2", "name": "e5"}).served_name()
+        == "e5"
+    )
+    assert WorkerSettings.model_validate({"model": "/srv/reranker"}).served_name() == "reranker"
