@@ -3,8 +3,9 @@
 Composition: the lifespan creates and starts one :class:`producer_sdk.EmbedClient` (the
 shared Kafka settings, ``client_id="kembed-gateway"``, its own reply partition) and closes
 it at shutdown; the routes are the OpenAI API (:mod:`gateway.openai_api`), the Cohere/Jina
-rerank API (:mod:`gateway.rerank_api`), TEI's ``/embed`` and ``/rerank``
-(:mod:`gateway.tei_api`), ``/health``, ``/ready`` and ``/metrics``. Around them
+rerank API ``/v1/rerank`` (:mod:`gateway.rerank_api`), Cohere's v2 API
+(:mod:`gateway.cohere_api`), TEI's routes (:mod:`gateway.tei_api`), ``/health``,
+``/ready`` and ``/metrics``. Around them
 one ASGI middleware (:class:`Guard`) checks the API key and the body size before anything
 is parsed, and counts and times every API request.
 """
@@ -27,7 +28,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import openai_api, rerank_api, tei_api
+from gateway import cohere_api, openai_api, rerank_api, tei_api
 from gateway.auth import ApiKeys
 from gateway.errors import ApiError, Shape
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -42,10 +43,17 @@ __all__ = ["API_ENDPOINTS", "CLIENT_ID", "TEI_ENDPOINTS", "ClientFactory", "Guar
 log = structlog.get_logger("kembed.gateway")
 
 CLIENT_ID = "kembed-gateway"
-API_ENDPOINTS = frozenset({"/v1/embeddings", "/v1/models", "/v1/rerank", "/embed", "/rerank"})
+TEI_ENDPOINTS = frozenset({"/", "/invocations", "/embed", "/rerank", "/similarity", "/info"})
+"""The endpoints that answer errors in TEI's shape (``/v2/...``: Cohere's; the others,
+unknown paths included: OpenAI's)."""
+API_ENDPOINTS = TEI_ENDPOINTS | {
+    "/v1/embeddings",
+    "/v1/models",
+    "/v1/rerank",
+    "/v2/embed",
+    "/v2/rerank",
+}
 """The endpoints counted and timed in the metrics (not probes, scrapes or the docs)."""
-TEI_ENDPOINTS = frozenset({"/embed", "/rerank"})
-"""The endpoints that answer errors in TEI's shape (the others: OpenAI's)."""
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 408: "request_timeout"}
 """The gateway code of the framework's own HTTP errors (the rest: invalid_request, or
@@ -120,8 +128,8 @@ def create_app(
     app = FastAPI(
         title="kembed gateway",
         version=kembed_version(),
-        description="OpenAI- and text-embeddings-inference-shaped embedding APIs, and "
-        "Cohere/Jina- and TEI-shaped rerank APIs, in front of a kembed fleet on Kafka.",
+        description="OpenAI-, Cohere- and text-embeddings-inference-shaped embedding APIs, "
+        "and Cohere/Jina- and TEI-shaped rerank APIs, in front of a kembed fleet on Kafka.",
         lifespan=lifespan,
     )
     app.state.gateway = None
@@ -129,6 +137,7 @@ def create_app(
     bearer = [Depends(HTTPBearer(auto_error=False))]  # documents the key in the OpenAPI page
     app.include_router(openai_api.router, dependencies=bearer)
     app.include_router(rerank_api.router, dependencies=bearer)
+    app.include_router(cohere_api.router, dependencies=bearer)
     app.include_router(tei_api.router, dependencies=bearer)
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
@@ -173,8 +182,11 @@ def create_app(
 
 
 def shape_of(path: str) -> Shape:
-    """TEI's error shape for ``/embed`` and ``/rerank``, OpenAI's for everything else."""
-    return "tei" if path in TEI_ENDPOINTS else "openai"
+    """TEI's error shape for its routes, Cohere's under ``/v2/``, OpenAI's for everything
+    else."""
+    if path in TEI_ENDPOINTS:
+        return "tei"
+    return "cohere" if path.startswith("/v2/") else "openai"
 
 
 def error_response(error: ApiError, shape: Shape) -> JSONResponse:

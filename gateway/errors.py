@@ -1,11 +1,12 @@
-"""Every error the gateway answers, in one table: HTTP status and body in OpenAI's shape
-and in text-embeddings-inference's (docs/gateway.md, "Errors").
+"""Every error the gateway answers, in one table: HTTP status and body in OpenAI's shape,
+in text-embeddings-inference's and in Cohere's (docs/gateway.md, "Errors").
 
 A failure is an :class:`ApiError` with a gateway ``code`` (the ``code`` of OpenAI's error
 body); :data:`KINDS` gives each code its OpenAI status and ``type``, and its TEI status and
-``error_type``. :func:`from_sdk` turns what the producer SDK raises (and the wire error
-codes inside :class:`~producer_sdk.EmbedError`) into such an error. Nothing here imports
-the web framework.
+``error_type``; Cohere's API answers the OpenAI status with ``{"id", "message"}``.
+:func:`from_sdk` turns what the producer SDK raises (and the wire error codes inside
+:class:`~producer_sdk.EmbedError`) into such an error. Nothing here imports the web
+framework.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+from uuid import uuid4
 
 from producer_sdk.errors import (
     CatalogUnavailableError,
@@ -34,9 +36,9 @@ __all__ = [
     "from_sdk",
 ]
 
-Shape = Literal["openai", "tei"]
-"""The error body a route answers with: OpenAI's (``/v1/...``) or TEI's (``/embed``,
-``/rerank``)."""
+Shape = Literal["openai", "tei", "cohere"]
+"""The error body a route answers with: OpenAI's (``/v1/...``), TEI's (``/``, ``/embed``,
+``/rerank``, ``/similarity``, ``/info``) or Cohere's (``/v2/...``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +122,15 @@ class ApiError(Exception):
         return KINDS[self.code]
 
     def status(self, shape: Shape) -> int:
-        return self.kind.status if shape == "openai" else self.kind.tei_status
+        return self.kind.tei_status if shape == "tei" else self.kind.status
 
     def body(self, shape: Shape) -> dict[str, Any]:
-        """The JSON body: ``{"error": {message, type, param, code}}`` (OpenAI) or
-        ``{"error": message, "error_type": ...}`` (TEI)."""
+        """The JSON body: ``{"error": {message, type, param, code}}`` (OpenAI),
+        ``{"error": message, "error_type": ...}`` (TEI) or ``{"id", "message"}`` (Cohere)."""
         if shape == "tei":
             return {"error": self.message, "error_type": self.kind.tei_type}
+        if shape == "cohere":
+            return {"id": str(uuid4()), "message": self.message}
         return {
             "error": {
                 "message": self.message,

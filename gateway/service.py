@@ -25,7 +25,7 @@ from producer_sdk.catalog import CatalogModel
 from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import EmbedTimeoutError, KembedError
 from producer_sdk.rerank import Reranked
-from schemas import Kind
+from schemas import Encoding, Kind
 
 __all__ = ["EmbedOptions", "Gateway", "GatewayClient", "Outcome", "RerankOptions"]
 
@@ -40,8 +40,9 @@ _KIND_NAMES: dict[str, str] = {
     Kind.RERANK: "a reranker (a cross-encoder)",
 }
 _KIND_USE: dict[str, str] = {
-    Kind.EMBED: "embed with it (POST /v1/embeddings, /embed), or name a reranker",
-    Kind.RERANK: "rerank with it (POST /v1/rerank, /rerank), or name an embedding model",
+    Kind.EMBED: "embed with it (POST /v1/embeddings, /v2/embed, /embed), or name a reranker",
+    Kind.RERANK: "rerank with it (POST /v1/rerank, /v2/rerank, /rerank), or name an "
+    "embedding model",
 }
 T = TypeVar("T")
 
@@ -87,6 +88,7 @@ class EmbedOptions(TypedDict, total=False):
     dimensions: int | None
     prompt_name: str | None
     truncation_direction: Literal["right", "left"] | None
+    encoding: Encoding | str
 
 
 class RerankOptions(TypedDict, total=False):
@@ -138,14 +140,17 @@ class Gateway:
         for index, text in enumerate(texts):
             _check_text(text, f"{field}[{index}]", field, self.settings.max_input_chars)
 
-    async def embed(self, texts: Sequence[str], options: EmbedOptions) -> Outcome[Embeddings]:
-        """The result for ``texts``; raises ApiError for everything that is not one."""
-        self.check_inputs(texts)
+    async def embed(
+        self, texts: Sequence[str], options: EmbedOptions, field: str = "input"
+    ) -> Outcome[Embeddings]:
+        """The result for ``texts`` (what the API calls ``field``); raises ApiError for
+        everything that is not one."""
+        self.check_inputs(texts, field)
 
         def call(wait: float) -> Awaitable[Embeddings]:
             return self.client.embed_result(texts, timeout=wait, **options)
 
-        return await self._bounded(options.get("model"), Kind.EMBED, call, "input")
+        return await self._bounded(options.get("model"), Kind.EMBED, call, field)
 
     async def rerank(
         self, query: str, documents: Sequence[str], options: RerankOptions, field: str
@@ -219,6 +224,32 @@ class Gateway:
         when it is of another kind than ``kind``."""
         if model is None:
             return ""
+        return (await self._named(model, kind)).name
+
+    async def entry(self, model: str | None, kind: str = Kind.EMBED) -> CatalogModel:
+        """The catalog entry of ``model``; None: the gateway's ``model`` (``rerank_model``
+        for a reranker), else the workers' default (the embedding model served on the
+        requests topic; the one reranker). Raises ApiError as :meth:`_model_name` does."""
+        if model is None:
+            model = self.settings.model if kind == Kind.EMBED else await self.default_reranker()
+        if model is not None:
+            return await self._named(model, kind)
+        try:
+            models = await self.catalog.models()
+        except KembedError as exc:
+            raise _failed(from_sdk(exc), exc) from None
+        topic = self.settings.requests_topic
+        for entry in models:
+            if entry.kind == kind and topic in entry.topics:
+                return entry
+        raise ApiError(
+            "model_not_found",
+            f"no live worker serves an embedding model on {topic!r} (the default model); "
+            "name one in 'model'",
+            param="model",
+        )
+
+    async def _named(self, model: str, kind: str) -> CatalogModel:
         entry = await self._find(model)
         if entry is None:
             raise ApiError(
@@ -236,7 +267,7 @@ class Gateway:
             )
             error.model = entry.name
             raise error
-        return entry.name
+        return entry
 
     async def _call(
         self,

@@ -1,24 +1,43 @@
-"""text-embeddings-inference's ``POST /embed`` and ``POST /rerank``.
+"""text-embeddings-inference's routes: ``POST /embed``, ``/rerank``, ``/similarity``
+and ``/`` (and ``/invocations``, SageMaker's name for it), and ``GET /info``.
 
-TEI serves one model, so a request names none: ``/embed`` asks for the gateway's
-configured ``model`` (``KEMBED_GATEWAY_MODEL``), or the workers' default when that is
-unset; ``/rerank`` for its ``rerank_model``, or the one reranker in the catalog. ``/embed``
-answers a list of float lists, one per input, in order; ``/rerank`` a list of ``{index,
-score}`` (and ``text`` with ``return_text``), one per text, highest score first. Errors
-are TEI's ``{"error": ..., "error_type": ...}``.
+TEI serves one model, so a request names none: ``/embed`` and ``/similarity`` ask for the
+gateway's configured ``model`` (``KEMBED_GATEWAY_MODEL``), or the workers' default when
+that is unset; ``/rerank`` for its ``rerank_model``, or the one reranker in the catalog.
+``/embed`` answers a list of float lists, one per input, in order; ``/rerank`` a list of
+``{index, score}`` (and ``text`` with ``return_text``), one per text, highest score first;
+``/similarity`` the cosine similarity of ``source_sentence`` to each of ``sentences``.
+TEI's ``POST /`` is the route of the model it serves; kembed serves both kinds, so ``/``
+answers by the body: ``query`` and ``texts`` rerank, ``inputs`` holding ``source_sentence``
+is a similarity, any other ``inputs`` embeds (what ``huggingface_hub.InferenceClient``
+sends for ``feature_extraction`` and ``sentence_similarity``). ``/info`` describes the
+model ``/embed`` uses, in TEI's shape. Errors are TEI's ``{"error": ..., "error_type":
+...}``.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import numpy as np
+from fastapi import APIRouter, Body, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.common import Service, json_response, refuse_token_ids, texts_of
+from gateway.errors import ApiError, from_sdk
 from gateway.service import EmbedOptions, RerankOptions
+from kembed_shared.version import kembed_version
+from producer_sdk.errors import KembedError
+from schemas import Kind
 
-__all__ = ["TeiEmbedRequest", "TeiRank", "TeiRerankRequest", "router"]
+__all__ = [
+    "TeiEmbedRequest",
+    "TeiRank",
+    "TeiRerankRequest",
+    "TeiSimilarityRequest",
+    "router",
+]
 
 Direction = Literal["Right", "Left", "right", "left"]
 
@@ -55,6 +74,30 @@ class TeiRerankRequest(BaseModel):
     )
 
 
+class SimilarityInputs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    source_sentence: str = Field(description="The text the others are compared with.")
+    sentences: list[str] = Field(description="The texts compared with source_sentence.")
+
+
+class SimilarityParameters(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    truncate: bool | None = Field(
+        None, description="Cut inputs over the model's maximum length; false: an error."
+    )
+    truncation_direction: Direction = Field("Right", description="Which end is cut.")
+    prompt_name: str | None = Field(None, description="One of the model's named prompts.")
+
+
+class TeiSimilarityRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: SimilarityInputs
+    parameters: SimilarityParameters | None = None
+
+
 class TeiRank(BaseModel):
     index: int
     score: float
@@ -66,6 +109,25 @@ router = APIRouter(tags=["text-embeddings-inference"])
 
 def _direction(value: Direction) -> Literal["right", "left"]:
     return "left" if value.lower() == "left" else "right"
+
+
+@router.post("/", response_model=list[list[float]] | list[TeiRank] | list[float])
+@router.post("/invocations", response_model=list[list[float]] | list[TeiRank] | list[float])
+async def root(
+    body: Annotated[dict[str, Any], Body()], request: Request, gateway: Service
+) -> Response:
+    """TEI's route of its model, by the body: ``query`` and ``texts`` rerank (as
+    ``/rerank``), ``inputs.source_sentence`` compares (as ``/similarity``), other
+    ``inputs`` embed (as ``/embed``)."""
+    try:
+        if "query" in body and "texts" in body:
+            return await rerank(TeiRerankRequest.model_validate(body), request, gateway)
+        if isinstance(body.get("inputs"), dict):
+            asked = TeiSimilarityRequest.model_validate(body)
+            return await similarity(asked, request, gateway)
+        return await embed(TeiEmbedRequest.model_validate(body), request, gateway)
+    except ValidationError as error:  # answered as a body FastAPI validated
+        raise RequestValidationError(error.errors()) from None
 
 
 @router.post("/embed", response_model=list[list[float]])
@@ -105,3 +167,55 @@ async def rerank(body: TeiRerankRequest, request: Request, gateway: Service) -> 
             rank["text"] = texts[index]
         ranks.append(rank)
     return json_response(ranks)
+
+
+@router.post("/similarity", response_model=list[float])
+async def similarity(body: TeiSimilarityRequest, request: Request, gateway: Service) -> Response:
+    """The cosine similarity of ``inputs.source_sentence`` to each of ``inputs.sentences``,
+    in order, from the gateway's model's vectors."""
+    sentences = body.inputs.sentences
+    if not sentences:
+        raise ApiError("empty_input", "`inputs.sentences` cannot be empty", param="sentences")
+    texts = texts_of([body.inputs.source_sentence, *sentences], request)
+    parameters = body.parameters or SimilarityParameters.model_validate({})
+    options = EmbedOptions(
+        model=gateway.settings.model,
+        normalize=True,
+        truncate=bool(parameters.truncate),
+        prompt_name=parameters.prompt_name,
+        truncation_direction=_direction(parameters.truncation_direction),
+    )
+    outcome = await gateway.embed(texts, options, "sentences")
+    request.state.model = outcome.model
+    vectors = outcome.result.vectors.astype(np.float32, copy=False)
+    scores = vectors[1:] @ vectors[0]  # unit vectors: the cosine
+    return json_response(scores.tolist())
+
+
+@router.get("/info")
+async def info(gateway: Service) -> dict[str, Any]:
+    """The model ``/embed`` uses, in TEI's ``Info`` shape (what the catalog knows of it;
+    ``served_models`` lists every model the fleet serves)."""
+    entry = await gateway.entry(gateway.settings.model, Kind.EMBED)
+    try:
+        models = await gateway.catalog.models()
+    except KembedError as exc:
+        raise from_sdk(exc) from None
+    return {
+        "model_id": entry.name,
+        "model_sha": None,
+        "model_dtype": entry.dtype,
+        "served_model_name": entry.name,
+        "model_type": {"embedding": {"pooling": entry.pooling}},
+        "max_concurrent_requests": gateway.settings.max_in_flight,
+        "max_input_length": entry.max_seq_length,
+        "max_batch_tokens": None,
+        "max_batch_requests": None,
+        "max_client_batch_size": gateway.settings.max_inputs,
+        "auto_truncate": False,
+        "tokenization_workers": None,
+        "version": kembed_version(),
+        "sha": None,
+        "docker_label": None,
+        "served_models": [{"name": model.name, "kind": model.kind} for model in models],
+    }

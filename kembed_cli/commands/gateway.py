@@ -23,10 +23,12 @@ __all__ = ["DESCRIPTION", "add_arguments", "run", "serve"]
 
 
 DESCRIPTION = (
-    "Serve OpenAI's embeddings API (POST /v1/embeddings, GET /v1/models) and "
-    "text-embeddings-inference's POST /embed over HTTP, each request sent to the workers "
-    "through Kafka (docs/gateway.md). Gateway flags are also environment variables "
-    "KEMBED_GATEWAY_<FLAG>; the Kafka connection flags are the worker's (KEMBED_<FLAG>). "
+    "Serve embedding and rerank APIs over HTTP, each request sent to the workers through "
+    "Kafka (docs/gateway.md): OpenAI's (POST /v1/embeddings, GET /v1/models), Cohere's "
+    "(POST /v2/embed, /v2/rerank, and /v1/rerank, also Jina's) and "
+    "text-embeddings-inference's (POST /, /embed, /rerank, /similarity, GET /info). "
+    "Gateway flags are also environment variables KEMBED_GATEWAY_<FLAG>; the Kafka "
+    "connection flags are the worker's (KEMBED_<FLAG>). "
     "Exit status 2 for invalid settings, 1 when Kafka cannot be reached at start."
 )
 

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from kembed_shared.encodings import LAYOUTS, encode_rows
 from producer_sdk import (
     ClientClosedError,
     ClientConfig,
@@ -171,11 +172,17 @@ class FakeClient(EmbedClient):
         rows = [self.vector(text) for text in texts]
         dims = keywords["dimensions"] or len(rows[0])
         chunked = keywords["chunking"] is not None
+        vectors: npt.NDArray[Any] = np.stack([row[:dims] for row in rows])
+        encoding, scales = Encoding(keywords["encoding"]), None
+        if encoding != Encoding.FLOAT32:  # packed as a worker packs them
+            blob, scale_blob = encode_rows(vectors, encoding, normalized=keywords["normalize"])
+            vectors = np.frombuffer(blob, LAYOUTS[encoding].wire).reshape(len(texts), -1)
+            scales = None if scale_blob is None else np.frombuffer(scale_blob, "<f4")
         return Embeddings(
-            vectors=np.stack([row[:dims] for row in rows]),
-            encoding=Encoding.FLOAT32,
+            vectors=vectors,
+            encoding=encoding,
             dim=dims,
-            scales=None,
+            scales=scales,
             tokens=tuple(tokens_of(text) for text in texts),
             model=self.model_name,
             chunks=(1,) * len(texts) if chunked else None,
