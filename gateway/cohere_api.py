@@ -207,8 +207,7 @@ def _rows(result: Embeddings, kind: str) -> list[Any]:
         return [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
     if kind in ("uint8", "binary"):  # int8 codes + 128; packed bytes - 128
         vectors = vectors.astype(np.int16) + (128 if kind == "uint8" else -128)
-    rows: list[Any] = vectors.tolist()
-    return rows
+    return list(np.ascontiguousarray(vectors))  # rows, serialized from the array
 
 
 def _encode(vectors: npt.NDArray[np.float32], encoding: Encoding) -> npt.NDArray[Any]:

@@ -1,11 +1,11 @@
 """What the APIs' routes share: the running :class:`~gateway.service.Gateway` as a
-FastAPI dependency, the refusal of token-id inputs, and compact JSON answers."""
+FastAPI dependency, the refusal of token-id inputs, and compact JSON answers (orjson)."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
+import orjson
 from fastapi import Depends, Request, Response
 
 from gateway.errors import ApiError
@@ -54,6 +54,12 @@ def texts_of(inputs: str | list[str], request: Request) -> list[str]:
 
 
 def json_response(answer: Any) -> Response:
-    """``answer`` as compact JSON. Built by hand rather than by a response model: validating
-    thousands of floats per answer through pydantic would cost more than the request."""
-    return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")
+    """``answer`` as compact JSON, numpy arrays in it written straight from their buffers
+    (float32 values as the shortest text that reads back as the same float32, as TEI
+    writes them). Built by hand rather than by a response model: validating thousands of
+    floats per answer through pydantic, or turning them into Python floats first, would
+    cost more than the request."""
+    return Response(orjson.dumps(answer, option=_NUMPY), media_type="application/json")
+
+
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY

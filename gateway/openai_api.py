@@ -94,8 +94,8 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, gateway: S
     if body.encoding_format == "base64":
         little = vectors.astype("<f4", copy=False)
         rows = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
-    else:
-        rows = vectors.astype(np.float32, copy=False).tolist()
+    else:  # float32 rows, serialized from the array (gateway.common.json_response)
+        rows = list(np.ascontiguousarray(vectors, dtype=np.float32))
     tokens = sum(outcome.result.tokens)
     answer = {
         "object": "list",

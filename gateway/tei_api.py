@@ -144,8 +144,7 @@ async def embed(body: TeiEmbedRequest, request: Request, gateway: Service) -> Re
     )
     outcome = await gateway.embed(texts, options)
     request.state.model = outcome.model
-    rows = outcome.result.vectors.tolist()
-    return json_response(rows)
+    return json_response(np.ascontiguousarray(outcome.result.vectors))
 
 
 @router.post("/rerank", response_model=list[TeiRank], response_model_exclude_none=True)
@@ -189,7 +188,7 @@ async def similarity(body: TeiSimilarityRequest, request: Request, gateway: Serv
     request.state.model = outcome.model
     vectors = outcome.result.vectors.astype(np.float32, copy=False)
     scores = vectors[1:] @ vectors[0]  # unit vectors: the cosine
-    return json_response(scores.tolist())
+    return json_response(scores)
 
 
 @router.get("/info")
