@@ -1,7 +1,9 @@
 """The fast paths: bf16 quality, priority lanes, backpressure, and the benchmark itself.
 
-One bf16 worker on its own topics, with a small in-flight bound so that backpressure
-engages. Speed itself is measured by `python -m loadtest`, never asserted here.
+A bf16 worker (compiled) for the quality gate, and an fp32 worker with a small in-flight
+bound so that backpressure engages (fp32: the lanes do not depend on the precision, and
+bf16 without hardware support, on AVX2-only CPUs, is several times slower). Each has its
+own topics. Speed itself is measured by `python -m loadtest`, never asserted here.
 """
 
 from __future__ import annotations
@@ -27,21 +29,43 @@ pytestmark = pytest.mark.integration
 
 TAG = uuid.uuid4().hex[:6]
 INTERACTIVE, BULK, BULK_RESULTS = f"lanes.{TAG}", f"lanes.{TAG}.bulk", f"lanes.{TAG}.results"
+BF16 = f"bf16.{TAG}"
 
 
 @pytest.fixture(scope="module")
 def bf16_worker(
     kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
-    kafka.create_topics([TopicSpec(INTERACTIVE, 2), TopicSpec(BULK, 2), TopicSpec(BULK_RESULTS, 2)])
+    kafka.create_topics([TopicSpec(BF16, 2), TopicSpec(f"{BF16}.bulk", 1)])
     process = WorkerProcess(
         kafka.bootstrap_servers,
         tmp_path_factory.mktemp("bf16") / "worker.log",
         dtype="bfloat16",
         torch_compile="on",
+        requests_topic=BF16,
+        bulk_topic=f"{BF16}.bulk",
+        group_id=f"bf16-{TAG}",
+    )
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def lanes_worker(
+    kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    kafka.create_topics([TopicSpec(INTERACTIVE, 2), TopicSpec(BULK, 2), TopicSpec(BULK_RESULTS, 2)])
+    process = WorkerProcess(
+        kafka.bootstrap_servers,
+        tmp_path_factory.mktemp("lanes") / "worker.log",
+        dtype="float32",
+        torch_compile="off",
         requests_topic=INTERACTIVE,
         bulk_topic=BULK,
-        group_id=f"bf16-{TAG}",
+        group_id=f"lanes-{TAG}",
         max_inflight_inputs=256,
     )
     try:
@@ -63,7 +87,7 @@ async def test_bf16_keeps_stsb_within_a_tenth_of_fp32(
     assert tuned["compiled"] is True
     pairs = load_stsb("en")
     sentences = sorted({s for p in pairs for s in (p.first, p.second)})
-    async with EmbedClient(kafka.bootstrap_servers, requests_topic=INTERACTIVE) as client:
+    async with EmbedClient(kafka.bootstrap_servers, requests_topic=BF16) as client:
         parts = await asyncio.gather(
             *(
                 client.embed(sentences[i : i + 128], timeout=300)
@@ -80,13 +104,13 @@ async def test_bf16_keeps_stsb_within_a_tenth_of_fp32(
 
 
 async def test_interactive_request_overtakes_a_bulk_backlog(
-    kafka: LocalKafka, bf16_worker: WorkerProcess
+    kafka: LocalKafka, lanes_worker: WorkerProcess
 ) -> None:
     """With thousands of bulk texts queued, a single interactive request is answered while
     most of the backlog is still waiting; the bulk lane pauses its partitions at the
     in-flight bound and resumes them, and every bulk request is answered."""
     texts = [s.first for s in load_stsb("en")] * 5  # ~6,900 texts, seconds of encoding
-    seen = len(bf16_worker.events())
+    seen = len(lanes_worker.events())
     bulk = asyncio.create_task(
         e2e.bulk(kafka.bootstrap_servers, texts, 32, topic=BULK, reply_topic=BULK_RESULTS)
     )
@@ -100,7 +124,7 @@ async def test_interactive_request_overtakes_a_bulk_backlog(
     run = await bulk
     assert run.errors == 0
     assert interactive_s < run.seconds / 2
-    events = bf16_worker.events()[seen:]
+    events = lanes_worker.events()[seen:]
     paused = [e for e in events if e.get("event") == "partitions.paused"]
     resumed = [e for e in events if e.get("event") == "partitions.resumed"]
     assert paused
