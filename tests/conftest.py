@@ -24,6 +24,11 @@ __all__ = ["ROOT", "StsPair", "WorkerProcess", "load_stsb"]
 # ~25 s per worker start, and the compiled path has its own tests (the bf16 worker in
 # test_performance_paths, the encoder in test_models).
 os.environ.setdefault("KEMBED_TORCH_COMPILE", "off")
+# ... and in fp32 unless a test names a dtype: with dtype auto every worker measures bf16
+# in the background as it starts, which on a CPU without bf16 (AVX2 only) runs at a tenth
+# of fp32's speed and takes a core from the test for tens of seconds. dtype auto has its own
+# tests (test_autotune, and the benchmarks' smoke runs that name it).
+os.environ.setdefault("KEMBED_DTYPE", "float32")
 # Test workers announce no models unless a test asks (test_multi_model's catalog test): the
 # suite runs many workers on one broker, serving the same model names on different topics,
 # and SIGKILLed ones leave cards that stay live for three intervals.
