@@ -43,7 +43,9 @@ __all__ = ["API_ENDPOINTS", "CLIENT_ID", "TEI_ENDPOINTS", "ClientFactory", "Guar
 log = structlog.get_logger("kembed.gateway")
 
 CLIENT_ID = "kembed-gateway"
-TEI_ENDPOINTS = frozenset({"/", "/invocations", "/embed", "/rerank", "/similarity", "/info"})
+TEI_ENDPOINTS = frozenset(
+    {"/", "/invocations", "/embed", "/rerank", "/similarity", "/tokenize", "/decode", "/info"}
+)
 """The endpoints that answer errors in TEI's shape (``/v2/...``: Cohere's; the others,
 unknown paths included: OpenAI's)."""
 API_ENDPOINTS = TEI_ENDPOINTS | {

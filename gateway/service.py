@@ -1,10 +1,10 @@
-"""What every API does with an embedding or rerank request, without HTTP: the model check
-against the catalog (its name, and its ``kind``), the in-flight bound, the call through
-the SDK, and the SDK's errors as :class:`~gateway.errors.ApiError`.
+"""What every API does with an embedding, rerank, tokenize or decode request, without
+HTTP: the model check against the catalog (its name, and its ``kind``), the in-flight
+bound, the call through the SDK, and the SDK's errors as :class:`~gateway.errors.ApiError`.
 
-Each request is one :meth:`EmbedClient.embed_result` or :meth:`EmbedClient.rerank` call
-on the interactive lane, waiting at most ``timeout_s`` (which the SDK sends as the
-request's ``deadline_ms``).
+Each request is one :class:`EmbedClient` call (``embed_result``, ``rerank``, ``tokenize``
+or ``decode``) on the interactive lane, waiting at most ``timeout_s`` (which the SDK sends
+as the request's ``deadline_ms``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from producer_sdk.catalog import CatalogModel
 from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import EmbedTimeoutError, KembedError
 from producer_sdk.rerank import Reranked
+from producer_sdk.tokens import Decoding, Tokenization
 from schemas import Encoding, Kind
 
 __all__ = ["EmbedOptions", "Gateway", "GatewayClient", "Outcome", "RerankOptions"]
@@ -76,6 +77,25 @@ class GatewayClient(Protocol):
         timeout: float | None = None,
         **options: Unpack[RerankOptions],
     ) -> Reranked: ...
+
+    async def tokenize(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        add_special_tokens: bool = True,
+        prompt_name: str | None = None,
+        timeout: float | None = None,
+    ) -> Tokenization: ...
+
+    async def decode(
+        self,
+        ids: Sequence[Sequence[int]],
+        *,
+        model: str | None = None,
+        skip_special_tokens: bool = True,
+        timeout: float | None = None,
+    ) -> Decoding: ...
 
 
 class EmbedOptions(TypedDict, total=False):
@@ -167,6 +187,45 @@ class Gateway:
 
         return await self._bounded(model, Kind.RERANK, call, field)
 
+    async def tokenize(
+        self, texts: Sequence[str], add_special_tokens: bool, prompt_name: str | None
+    ) -> Outcome[Tokenization]:
+        """The tokens of ``texts`` by the gateway's model's tokenizer (any kind of model)."""
+        self.check_inputs(texts, "inputs")
+        model = self.settings.model
+
+        def call(wait: float) -> Awaitable[Tokenization]:
+            return self.client.tokenize(
+                texts,
+                model=model,
+                add_special_tokens=add_special_tokens,
+                prompt_name=prompt_name,
+                timeout=wait,
+            )
+
+        return await self._bounded(model, None, call, "inputs")
+
+    async def decode(
+        self, ids: Sequence[Sequence[int]], skip_special_tokens: bool
+    ) -> Outcome[Decoding]:
+        """The texts of the sequences of token ``ids`` by the gateway's model's tokenizer."""
+        if not ids:
+            raise ApiError("empty_input", "`ids` cannot be empty", param="ids")
+        if len(ids) > self.settings.max_inputs:
+            raise ApiError(
+                "too_many_inputs",
+                f"{len(ids)} sequences, above this gateway's limit of {self.settings.max_inputs}",
+                param="ids",
+            )
+        model = self.settings.model
+
+        def call(wait: float) -> Awaitable[Decoding]:
+            return self.client.decode(
+                ids, model=model, skip_special_tokens=skip_special_tokens, timeout=wait
+            )
+
+        return await self._bounded(model, None, call, "ids")
+
     async def default_reranker(self) -> str:
         """``rerank_model`` when set, else the one live model of kind ``rerank`` in the
         catalog; ApiError when there is none (``model_not_found``) or several."""
@@ -193,9 +252,14 @@ class Gateway:
         return rerankers[0]
 
     async def _bounded(
-        self, model: str | None, kind: str, call: Callable[[float], Awaitable[A]], field: str
+        self,
+        model: str | None,
+        kind: str | None,
+        call: Callable[[float], Awaitable[A]],
+        field: str,
     ) -> Outcome[A]:
-        """``call(seconds left)`` for ``model`` within the in-flight bound and the timeout."""
+        """``call(seconds left)`` for ``model`` (of ``kind``; None: any) within the
+        in-flight bound and the timeout."""
         if self.in_flight >= self.settings.max_in_flight:
             raise ApiError(
                 "overloaded",
@@ -218,7 +282,7 @@ class Gateway:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
 
-    async def _model_name(self, model: str | None, kind: str) -> str:
+    async def _model_name(self, model: str | None, kind: str | None) -> str:
         """The catalog's name of ``model`` (empty for None: the workers' default); raises
         ApiError ``model_not_found`` when no live worker serves it, ``invalid_request``
         when it is of another kind than ``kind``."""
@@ -249,7 +313,7 @@ class Gateway:
             param="model",
         )
 
-    async def _named(self, model: str, kind: str) -> CatalogModel:
+    async def _named(self, model: str, kind: str | None) -> CatalogModel:
         entry = await self._find(model)
         if entry is None:
             raise ApiError(
@@ -258,7 +322,7 @@ class Gateway:
                 "announces it (GET /v1/models lists the served models)",
                 param="model",
             )
-        if entry.kind != kind:
+        if kind is not None and entry.kind != kind:
             error = ApiError(
                 "invalid_request",
                 f"the model {entry.name!r} is {_KIND_NAMES.get(entry.kind, entry.kind)} "

@@ -1,5 +1,6 @@
-"""text-embeddings-inference's routes: ``POST /embed``, ``/rerank``, ``/similarity``
-and ``/`` (and ``/invocations``, SageMaker's name for it), and ``GET /info``.
+"""text-embeddings-inference's routes: ``POST /embed``, ``/rerank``, ``/similarity``,
+``/tokenize``, ``/decode`` and ``/`` (and ``/invocations``, SageMaker's name for it), and
+``GET /info``.
 
 TEI serves one model, so a request names none: ``/embed`` and ``/similarity`` ask for the
 gateway's configured ``model`` (``KEMBED_GATEWAY_MODEL``), or the workers' default when
@@ -10,9 +11,11 @@ that is unset; ``/rerank`` for its ``rerank_model``, or the one reranker in the 
 TEI's ``POST /`` is the route of the model it serves; kembed serves both kinds, so ``/``
 answers by the body: ``query`` and ``texts`` rerank, ``inputs`` holding ``source_sentence``
 is a similarity, any other ``inputs`` embeds (what ``huggingface_hub.InferenceClient``
-sends for ``feature_extraction`` and ``sentence_similarity``). ``/info`` describes the
-model ``/embed`` uses, in TEI's shape. Errors are TEI's ``{"error": ..., "error_type":
-...}``.
+sends for ``feature_extraction`` and ``sentence_similarity``). ``/tokenize`` and
+``/decode`` are answered by a worker serving the gateway's model, from the tokenizer that
+model is served with (so the tokens are those the worker encodes, before truncation).
+``/info`` describes the model ``/embed`` uses, in TEI's shape. Errors are TEI's
+``{"error": ..., "error_type": ...}``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ __all__ = [
     "TeiEmbedRequest",
     "TeiRank",
     "TeiRerankRequest",
+    "TeiDecodeRequest",
     "TeiSimilarityRequest",
+    "TeiToken",
+    "TeiTokenizeRequest",
     "router",
 ]
 
@@ -96,6 +102,33 @@ class TeiSimilarityRequest(BaseModel):
 
     inputs: SimilarityInputs
     parameters: SimilarityParameters | None = None
+
+
+class TeiTokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: str | list[str] = Field(description="A text or a list of texts.")
+    add_special_tokens: bool = Field(True, description="Add the model's special tokens.")
+    prompt_name: str | None = Field(
+        None, description="One of the model's named prompts, prepended to each text."
+    )
+
+
+class TeiDecodeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    ids: list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]] = Field(
+        description="Token ids: one sequence, or a list of sequences."
+    )
+    skip_special_tokens: bool = Field(True, description="Leave the special tokens out.")
+
+
+class TeiToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
 
 
 class TeiRank(BaseModel):
@@ -189,6 +222,37 @@ async def similarity(body: TeiSimilarityRequest, request: Request, gateway: Serv
     vectors = outcome.result.vectors.astype(np.float32, copy=False)
     scores = vectors[1:] @ vectors[0]  # unit vectors: the cosine
     return json_response(scores)
+
+
+@router.post("/tokenize", response_model=list[list[TeiToken]])
+async def tokenize(body: TeiTokenizeRequest, request: Request, gateway: Service) -> Response:
+    """The tokens of each of ``inputs`` (not truncated): id, text, whether special, and a
+    text token's UTF-8 byte offsets (``start``/``stop``; null for a special token)."""
+    texts = texts_of(body.inputs, request)
+    outcome = await gateway.tokenize(texts, body.add_special_tokens, body.prompt_name)
+    request.state.model = outcome.model
+    return json_response(
+        [
+            [
+                {"id": t.id, "text": t.text, "special": t.special, "start": t.start, "stop": t.stop}
+                for t in tokens
+            ]
+            for tokens in outcome.result.tokens
+        ]
+    )
+
+
+@router.post("/decode", response_model=list[str])
+async def decode(body: TeiDecodeRequest, request: Request, gateway: Service) -> Response:
+    """The text of each sequence of ``ids`` (one list of ids is one sequence)."""
+    ids = body.ids
+    sequences: list[list[int]] = (
+        [ids] if not ids or isinstance(ids[0], int) else ids  # type: ignore[list-item]
+    )
+    request.state.inputs = len(sequences)
+    outcome = await gateway.decode(sequences, body.skip_special_tokens)
+    request.state.model = outcome.model
+    return json_response(outcome.result.texts)
 
 
 @router.get("/info")

@@ -31,6 +31,7 @@ from producer_sdk.errors import (
 from producer_sdk.ingest import Document, IngestSummary, JsonlError, JsonlReader, ingest
 from producer_sdk.rerank import RankedDocument, Reranked
 from producer_sdk.sync import SyncEmbedClient
+from producer_sdk.tokens import Decoding, Token, Tokenization
 from schemas import Chunking, Encoding
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "ClientConfig",
     "EmbedClient",
     "EmbedError",
+    "Decoding",
     "Document",
     "EmbedTimeoutError",
     "Embeddings",
@@ -60,6 +62,8 @@ __all__ = [
     "RequestTooLargeError",
     "Reranked",
     "SyncEmbedClient",
+    "Token",
+    "Tokenization",
     "UnexpectedEncodingError",
     "UnexpectedResultError",
     "dequantize_int8",

@@ -17,11 +17,12 @@ import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, TypeVar, Unpack, overload
+from typing import Any, Literal, Unpack, overload
 
 import numpy as np
 import numpy.typing as npt
 
+from producer_sdk.answers import KIND_OF, R, expected_result, kind_error
 from producer_sdk.catalog import CatalogModel, Lane, ModelRouter
 from producer_sdk.chunked import ChunkedEmbeddings
 from producer_sdk.config import ClientConfig
@@ -29,7 +30,6 @@ from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import (
     AuthorizationError,
     ClientClosedError,
-    EmbedError,
     EmbedTimeoutError,
     KembedError,
     UnexpectedEncodingError,
@@ -45,41 +45,30 @@ from producer_sdk.options import (
 )
 from producer_sdk.pending import PendingCalls
 from producer_sdk.rerank import Reranked
+from producer_sdk.tokens import (
+    Decoding,
+    Tokenization,
+    decode_request,
+    texts_of,
+    tokenize_request,
+    tokens_of,
+)
 from producer_sdk.transport import ClientTransport, Transport, TransportFactory
 from producer_sdk.wire import content_key, encoded
 from schemas import (
     Chunking,
+    DecodeResult,
     EmbedResult,
     Encoding,
-    ErrorResult,
     Kind,
     Request,
-    RerankRequest,
     RerankResult,
     Result,
+    TokenizeResult,
 )
 from schemas.headers import routing_headers
 
 __all__ = ["EmbedClient"]
-
-R = TypeVar("R", EmbedResult, RerankResult)
-_KIND_OF: dict[type[EmbedResult | RerankResult], str] = {
-    EmbedResult: Kind.EMBED,
-    RerankResult: Kind.RERANK,
-}
-"""The catalog ``kind`` of the models that answer a call expecting this result."""
-_WHAT: dict[type[EmbedResult | RerankResult], str] = {
-    EmbedResult: "vectors",
-    RerankResult: "relevance scores (a rerank result)",
-}
-_MODEL_KINDS: dict[str, str] = {
-    Kind.EMBED: "an embedding model",
-    Kind.RERANK: "a reranker (a cross-encoder)",
-}
-_USE: dict[str, str] = {
-    Kind.EMBED: "call embed(), not rerank()",
-    Kind.RERANK: "call rerank(), not embed()",
-}
 
 
 class EmbedClient:
@@ -358,9 +347,44 @@ class EmbedClient:
             raise UnexpectedResultError(request.id, f"{len(documents)} scores", got)
         return Reranked.from_result(result)
 
+    async def tokenize(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        add_special_tokens: bool = True,
+        prompt_name: str | None = None,
+        timeout: float | None = None,
+    ) -> Tokenization:
+        """Per text, the tokens the model's tokenizer makes of it (``prompt_name``: one of
+        the model's prompts first), not truncated: ``tokens``, lists of
+        :class:`~producer_sdk.Token` (id, text, special, UTF-8 byte offsets). Any model
+        answers, embedding model or reranker, from its tokenizer alone. Raises what
+        :meth:`embed` raises."""
+        default = self.config.model
+        request = tokenize_request(
+            texts, model or default, add_special_tokens, prompt_name, self.config.max_input_chars
+        )
+        return tokens_of(request, await self._answer(request, timeout, TokenizeResult))
+
+    async def decode(
+        self,
+        ids: Sequence[Sequence[int]],
+        *,
+        model: str | None = None,
+        skip_special_tokens: bool = True,
+        timeout: float | None = None,
+    ) -> Decoding:
+        """``texts``: the text of each sequence of token ids, as the model's tokenizer decodes it
+        (special tokens left out unless ``skip_special_tokens=False``). An id outside the
+        model's vocabulary is EmbedError ``invalid_request`` (``index``: the sequence)."""
+        request = decode_request(ids, model or self.config.model, skip_special_tokens)
+        return texts_of(request, await self._answer(request, timeout, DecodeResult))
+
     async def _answer(self, request: Request, timeout: float | None, expected: type[R]) -> R:
         """Send ``request`` on the interactive lane and wait for its result, which must be
-        an ``expected``; the one path of :meth:`embed_result` and :meth:`rerank`."""
+        an ``expected``; the one path of :meth:`embed_result`, :meth:`rerank`,
+        :meth:`tokenize` and :meth:`decode`."""
         self._check_started()
         if not self.config.read_replies:
             raise KembedError(
@@ -376,20 +400,10 @@ class EmbedClient:
             reply_to=self.config.reply_topic,
             reply_partition=self.reply_partition,
         )
-        await self._check_kind(request, _KIND_OF[expected])
+        if expected in KIND_OF:
+            await self._check_kind(request, KIND_OF[expected])
         topic = await self.request_topic(request.model)
-        result = await self._call(request, wait, topic)
-        if isinstance(result, ErrorResult):
-            raise EmbedError(
-                str(result.error.code),
-                result.error.message,
-                index=result.error.index,
-                request_id=result.id,
-                item="document" if isinstance(request, RerankRequest) else "input",
-            )
-        if not isinstance(result, expected):
-            raise UnexpectedResultError(request.id, _WHAT[expected], _WHAT[type(result)])
-        return result
+        return expected_result(request, await self._call(request, wait, topic), expected)
 
     async def _check_kind(self, request: Request, kind: str) -> None:
         """``invalid_request`` at once when the catalog says the model named is of another
@@ -399,13 +413,9 @@ class EmbedClient:
         if model is None or model in self.config.model_topics:
             return
         entry = await self._router.find(model)
-        if entry is not None and entry.kind != kind:
-            raise EmbedError(
-                "invalid_request",
-                f"the model {entry.name!r} is {_MODEL_KINDS.get(entry.kind, entry.kind)} "
-                f"(kind {entry.kind!r}): {_USE.get(entry.kind, 'use another model')}",
-                request_id=request.id,
-            )
+        error = None if entry is None else kind_error(entry, kind, request.id)
+        if error is not None:
+            raise error
 
     async def submit(
         self,

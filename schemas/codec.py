@@ -24,7 +24,6 @@ from schemas.errors import Envelope, ErrorCode, SchemaError
 from schemas.fields import (
     ENCODING_NAMES,
     binary,
-    boolean,
     chunk_counts,
     chunk_pooling_name,
     chunking_value,
@@ -46,15 +45,28 @@ from schemas.fields import (
     non_negative,
     optional,
     positive,
+    put,
     required,
     spans_list,
-    str_list,
     string,
     topic_name,
 )
 from schemas.kinds import Kind
+from schemas.messages import (
+    rerank_request,
+    rerank_request_body,
+    rerank_result,
+    rerank_result_body,
+    tokenizer_request,
+    tokenizer_request_body,
+    tokenizer_result,
+    tokenizer_result_body,
+)
 from schemas.v1 import (
+    TOKENIZER_KINDS,
     VERSION,
+    DecodeRequest,
+    DecodeResult,
     EmbedRequest,
     EmbedResult,
     ErrorInfo,
@@ -64,6 +76,8 @@ from schemas.v1 import (
     RerankResult,
     Result,
     Span,
+    TokenizeRequest,
+    TokenizeResult,
 )
 
 __all__ = [
@@ -81,7 +95,9 @@ _T = TypeVar("_T")
 
 def encode_request(request: Request) -> bytes:
     if isinstance(request, RerankRequest):
-        return _encode_rerank_request(request)
+        return _pack(rerank_request_body(request))
+    if isinstance(request, TokenizeRequest | DecodeRequest):
+        return _pack(tokenizer_request_body(request))
     body: dict[str, Any] = {"v": VERSION, "id": request.id, "inputs": list(request.inputs)}
     if request.model is not None:
         body["model"] = request.model
@@ -89,17 +105,17 @@ def encode_request(request: Request) -> bytes:
         body["normalize"] = False
     if not request.truncate:
         body["truncate"] = False
-    _put(body, "truncation_direction", request.truncation_direction)
-    _put(body, "dimensions", request.dimensions)
+    put(body, "truncation_direction", request.truncation_direction)
+    put(body, "dimensions", request.dimensions)
     if request.encoding != Encoding.FLOAT32:
         body["encoding"] = str(request.encoding)
-    _put(body, "prompt", request.prompt)
-    _put(body, "prompt_name", request.prompt_name)
-    _put(body, "deadline_ms", request.deadline_ms)
-    _put(body, "reply_to", request.reply_to)
-    _put(body, "reply_partition", request.reply_partition)
-    _put(body, "keys", None if request.keys is None else list(request.keys))
-    _put(body, "meta", request.meta)
+    put(body, "prompt", request.prompt)
+    put(body, "prompt_name", request.prompt_name)
+    put(body, "deadline_ms", request.deadline_ms)
+    put(body, "reply_to", request.reply_to)
+    put(body, "reply_partition", request.reply_partition)
+    put(body, "keys", None if request.keys is None else list(request.keys))
+    put(body, "meta", request.meta)
     if request.chunking is not None:
         chunking: dict[str, int] = {"max_tokens": request.chunking.max_tokens}
         if request.chunking.overlap_tokens:
@@ -110,66 +126,31 @@ def encode_request(request: Request) -> bytes:
     return _pack(body)
 
 
-def _encode_rerank_request(request: RerankRequest) -> bytes:
-    body: dict[str, Any] = {
-        "v": VERSION,
-        "id": request.id,
-        "kind": Kind.RERANK.value,
-        "query": request.query,
-        "documents": list(request.documents),
-    }
-    _put(body, "model", request.model)
-    _put(body, "top_n", request.top_n)
-    if request.return_documents:
-        body["return_documents"] = True
-    if request.raw_scores:
-        body["raw_scores"] = True
-    if not request.truncate:
-        body["truncate"] = False
-    _put(body, "truncation_direction", request.truncation_direction)
-    _put(body, "deadline_ms", request.deadline_ms)
-    _put(body, "reply_to", request.reply_to)
-    _put(body, "reply_partition", request.reply_partition)
-    _put(body, "meta", request.meta)
-    return _pack(body)
-
-
 def encode_result(result: Result) -> bytes:
     body: dict[str, Any] = {"v": VERSION, "id": result.id}
+    if isinstance(result, TokenizeResult | DecodeResult):
+        return _pack(tokenizer_result_body(result))
     if isinstance(result, RerankResult):
-        body["kind"] = Kind.RERANK.value
-        body["model"] = result.model
-        body["scores"] = result.scores
-        body["order"] = list(result.order)
-        body["tokens"] = list(result.tokens)
-        _put(body, "documents", None if result.documents is None else list(result.documents))
-        _put(body, "requested_ms", result.requested_ms)
-        _put(body, "meta", result.meta)
-        return _pack(body)
+        return _pack(rerank_result_body(result))
     if isinstance(result, EmbedResult):
         body["model"] = result.model
         body["dim"] = result.dim
         body["dtype"] = str(result.dtype)
         body["vectors"] = result.vectors
-        _put(body, "scales", result.scales)
+        put(body, "scales", result.scales)
         body["tokens"] = list(result.tokens)
-        _put(body, "requested_ms", result.requested_ms)
+        put(body, "requested_ms", result.requested_ms)
     else:
         error: dict[str, Any] = {"code": str(result.error.code), "message": result.error.message}
-        _put(error, "index", result.error.index)
+        put(error, "index", result.error.index)
         body["error"] = error
-    _put(body, "keys", None if result.keys is None else list(result.keys))
-    _put(body, "meta", result.meta)
+    put(body, "keys", None if result.keys is None else list(result.keys))
+    put(body, "meta", result.meta)
     if isinstance(result, EmbedResult):
-        _put(body, "chunks", None if result.chunks is None else list(result.chunks))
-        _put(body, "spans", None if result.spans is None else [list(s) for s in result.spans])
-        _put(body, "chunk_pooling", result.chunk_pooling)
+        put(body, "chunks", None if result.chunks is None else list(result.chunks))
+        put(body, "spans", None if result.spans is None else [list(s) for s in result.spans])
+        put(body, "chunk_pooling", result.chunk_pooling)
     return _pack(body)
-
-
-def _put(body: dict[str, Any], key: str, value: object) -> None:
-    if value is not None:
-        body[key] = value
 
 
 class PackedMap(dict[str, Any]):
@@ -238,8 +219,11 @@ def decode_result(data: bytes) -> Result:
             index=optional(error, "index", non_negative),
         )
         return ErrorResult(id=result_id, error=info, keys=keys, meta=meta)
-    if body.get("kind") is not None and field_value("kind", body["kind"], kind_name) == Kind.RERANK:
-        return _rerank_result(body, result_id, meta)
+    kind = None if body.get("kind") is None else field_value("kind", body["kind"], kind_name)
+    if kind == Kind.RERANK:
+        return rerank_result(body, result_id, meta)
+    if kind in TOKENIZER_KINDS:
+        return tokenizer_result(body, kind, result_id, meta)
     dim = required(body, "dim", positive)
     dtype = required(body, "dtype", string)
     vectors = required(body, "vectors", binary)
@@ -288,29 +272,6 @@ def _check_pooling(pooling: str, chunks: tuple[int, ...] | None, rows: int) -> N
     expected = sum(chunks) if pooling == "none" else len(chunks)
     if rows != expected:
         fail(f"{rows} vectors with 'chunk_pooling' {pooling!r}: expected {expected}")
-
-
-def _rerank_result(body: dict[str, Any], result_id: str, meta: Any) -> RerankResult:
-    scores = required(body, "scores", binary)
-    tokens = tuple(required(body, "tokens", int_list))
-    if len(scores) != 4 * len(tokens):
-        fail(f"'scores' holds {len(scores)} bytes, expected {len(tokens)} float32")
-    order = tuple(required(body, "order", int_list))
-    if len(set(order)) != len(order) or any(not 0 <= i < len(tokens) for i in order):
-        fail(f"'order' must hold distinct document indices in 0..{len(tokens) - 1}")
-    documents = optional(body, "documents", str_list)
-    if documents is not None and len(documents) != len(order):
-        fail(f"'documents' has {len(documents)} entries for {len(order)} in 'order'")
-    return RerankResult(
-        id=result_id,
-        model=required(body, "model", string),
-        scores=scores,
-        order=order,
-        tokens=tokens,
-        documents=documents,
-        requested_ms=optional(body, "requested_ms", non_negative),
-        meta=meta,
-    )
 
 
 def _check_chunks(
@@ -422,8 +383,11 @@ def _check_version(body: dict[str, Any]) -> None:
 def _request_from_map(body: dict[str, Any]) -> Request:
     _check_version(body)
     request_id = required(body, "id", identifier)
-    if (optional(body, "kind", kind_name) or Kind.EMBED) == Kind.RERANK:
-        return _rerank_from_map(body, request_id)
+    kind = optional(body, "kind", kind_name) or Kind.EMBED
+    if kind == Kind.RERANK:
+        return rerank_request(body, request_id)
+    if kind in TOKENIZER_KINDS:
+        return tokenizer_request(body, kind, request_id)
     inputs = required(body, "inputs", inputs_list)
     keys = optional(body, "keys", keys_list)
     if keys is not None and len(keys) != len(inputs):
@@ -457,24 +421,6 @@ def _request_from_map(body: dict[str, Any]) -> Request:
         meta=meta,
         chunking=chunking,
         chunk_pooling=chunk_pooling,
-    )
-
-
-def _rerank_from_map(body: dict[str, Any], request_id: str) -> RerankRequest:
-    return RerankRequest(
-        id=request_id,
-        query=required(body, "query", non_empty),
-        documents=required(body, "documents", inputs_list),
-        model=optional(body, "model", non_empty),
-        top_n=optional(body, "top_n", positive),
-        return_documents=optional(body, "return_documents", boolean) or False,
-        raw_scores=optional(body, "raw_scores", boolean) or False,
-        truncate=flag(body, "truncate"),
-        truncation_direction=optional(body, "truncation_direction", direction),
-        deadline_ms=optional(body, "deadline_ms", non_negative),
-        reply_to=optional(body, "reply_to", topic_name),
-        reply_partition=optional(body, "reply_partition", non_negative),
-        meta=optional(body, "meta", meta_map),
     )
 
 

@@ -19,6 +19,7 @@ from schemas.v1 import (
     Chunking,
     Key,
     Span,
+    Token,
     chunking_problem,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "field_value",
     "flag",
     "identifier",
+    "ids_lists",
     "inputs_list",
     "int_list",
     "integer",
@@ -49,10 +51,12 @@ __all__ = [
     "one_of",
     "optional",
     "positive",
+    "put",
     "required",
     "spans_list",
     "str_list",
     "string",
+    "tokens_lists",
     "topic_name",
 ]
 
@@ -70,6 +74,12 @@ def is_valid_topic(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- encoding
+
+
+def put(body: dict[str, Any], key: str, value: object) -> None:
+    """Set ``body[key]`` unless ``value`` is None (an optional field at its default)."""
+    if value is not None:
+        body[key] = value
 
 
 def fail(message: str, index: int | None = None) -> NoReturn:
@@ -235,6 +245,48 @@ def int_list(value: object) -> list[int]:
     if not isinstance(value, list):
         raise MistypedError("must be an array of integers")
     return [integer(item) for item in value]
+
+
+def ids_lists(value: object) -> tuple[tuple[int, ...], ...]:
+    """A decode request's ``ids``: at least one sequence of token ids (each >= 0; a
+    sequence may be empty). ``index``: the sequence at fault."""
+    if not isinstance(value, list) or not value:
+        raise MistypedError("must be an array of at least one array of token ids")
+    sequences = []
+    for index, sequence in enumerate(value):
+        if not isinstance(sequence, list) or not all(
+            isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in sequence
+        ):
+            raise MistypedError(f"[{index}] must be an array of integers >= 0", index)
+        sequences.append(tuple(sequence))
+    return tuple(sequences)
+
+
+def tokens_lists(value: object) -> tuple[tuple[Token, ...], ...]:
+    """A tokenize result's ``tokens``: per input, its tokens as
+    ``[id, text, special, start, stop]`` (``start``/``stop`` nil for a special token)."""
+    if not isinstance(value, list):
+        raise MistypedError("must be an array with one array of tokens per input")
+    out = []
+    for index, tokens in enumerate(value):
+        if not isinstance(tokens, list):
+            raise MistypedError(f"[{index}] must be an array of tokens", index)
+        out.append(tuple(_token(token, index) for token in tokens))
+    return tuple(out)
+
+
+def _token(token: object, index: int) -> Token:
+    if isinstance(token, list) and len(token) == 5:
+        token_id, text, special, start, stop = token
+        offsets = (start, stop)
+        if (
+            isinstance(token_id, int)
+            and isinstance(text, str)
+            and isinstance(special, bool)
+            and all(o is None or (isinstance(o, int) and not isinstance(o, bool)) for o in offsets)
+        ):
+            return (token_id, text, special, start, stop)
+    raise MistypedError(f"[{index}] holds a token that is not [id, text, special, start, stop]")
 
 
 def chunking_value(value: object) -> Chunking:

@@ -24,16 +24,24 @@ __all__ = [
     "REQUEST_KINDS",
     "TRUNCATION_DIRECTIONS",
     "VERSION",
+    "TOKENIZER_KINDS",
     "Chunking",
+    "DecodeRequest",
+    "DecodeResult",
     "EmbedRequest",
     "EmbedResult",
     "ErrorInfo",
     "ErrorResult",
     "RerankRequest",
     "RerankResult",
+    "ModelRequest",
     "Request",
     "Result",
     "Span",
+    "Token",
+    "TokenizeRequest",
+    "TokenizeResult",
+    "TokenizerRequest",
     "chunking_problem",
     "pack_float32",
     "unpack_float32",
@@ -45,8 +53,11 @@ MAX_TOPIC_LENGTH = 249
 TRUNCATION_DIRECTIONS = ("right", "left")
 DEFAULT_RESULTS_TOPIC = "embed.results"
 CHUNK_POOLINGS = ("none", "mean")
-REQUEST_KINDS: tuple[str, ...] = tuple(kind.value for kind in Kind)
-"""A request's ``kind`` (and a model's, in its catalog card): what is asked of the model."""
+TOKENIZER_KINDS: tuple[str, ...] = ("tokenize", "decode")
+"""Requests any model answers with its tokenizer alone, whatever its kind."""
+REQUEST_KINDS: tuple[str, ...] = (*(kind.value for kind in Kind), *TOKENIZER_KINDS)
+"""A request's ``kind``: what is asked of the model (a model kind's, in its catalog card,
+or one of :data:`TOKENIZER_KINDS`)."""
 DEFAULT_MAX_INPUT_CHARS = 100_000
 """Characters (code points) a text may have: an input of an embed request without
 ``chunking``, a rerank query or document. Workers (``KEMBED_MAX_INPUT_CHARS``), the SDK
@@ -229,8 +240,89 @@ class ErrorResult:
     meta: dict[str, Any] | None = field(default=None)
 
 
-Request = EmbedRequest | RerankRequest
-Result = EmbedResult | RerankResult | ErrorResult
+Token = tuple[int, str, bool, int | None, int | None]
+"""One token of a tokenize result: its id, its text, whether it is a special token, and
+for a token of the text its ``[start, stop)`` UTF-8 byte offsets (None for a special
+token), as TEI's ``/tokenize`` answers them."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    """A tokenize request (``kind`` ``tokenize``): the tokens of each of ``inputs`` as the
+    model's tokenizer makes them, not truncated, answered without running the model."""
+
+    id: str
+    inputs: tuple[str, ...]
+    model: str | None = None
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+    """A prompt of the model's, prepended to each input before it is tokenized (none
+    unless named, as in TEI)."""
+    deadline_ms: int | None = None
+    reply_to: str | None = None
+    reply_partition: int | None = None
+    meta: dict[str, Any] | None = None
+
+    @property
+    def reply_topic(self) -> str:
+        return self.reply_to or DEFAULT_RESULTS_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeResult:
+    """The tokens of each input of a tokenize request, in the request's order."""
+
+    id: str
+    model: str
+    tokens: tuple[tuple[Token, ...], ...]
+    requested_ms: int | None = None
+    meta: dict[str, Any] | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    """A decode request (``kind`` ``decode``): the text of each sequence of token ``ids``,
+    as the model's tokenizer decodes it."""
+
+    id: str
+    ids: tuple[tuple[int, ...], ...]
+    model: str | None = None
+    skip_special_tokens: bool = True
+    deadline_ms: int | None = None
+    reply_to: str | None = None
+    reply_partition: int | None = None
+    meta: dict[str, Any] | None = None
+
+    @property
+    def reply_topic(self) -> str:
+        return self.reply_to or DEFAULT_RESULTS_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeResult:
+    """The text of each sequence of a decode request, in the request's order."""
+
+    id: str
+    model: str
+    texts: tuple[str, ...]
+    requested_ms: int | None = None
+    meta: dict[str, Any] | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.texts)
+
+
+ModelRequest = EmbedRequest | RerankRequest
+"""A request the model computes (batched, encoded)."""
+TokenizerRequest = TokenizeRequest | DecodeRequest
+"""A request the model's tokenizer answers alone."""
+Request = ModelRequest | TokenizerRequest
+Result = EmbedResult | RerankResult | TokenizeResult | DecodeResult | ErrorResult
 
 
 def pack_float32(values: array[float]) -> bytes:

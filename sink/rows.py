@@ -28,7 +28,16 @@ import numpy as np
 import numpy.typing as npt
 
 from kembed_shared.encodings import LAYOUTS, decode_scales, decode_vectors, to_float32
-from schemas import EmbedResult, Encoding, ErrorResult, RerankResult, SchemaError, decode_result
+from schemas import (
+    DecodeResult,
+    EmbedResult,
+    Encoding,
+    ErrorResult,
+    RerankResult,
+    SchemaError,
+    TokenizeResult,
+    decode_result,
+)
 
 __all__ = [
     "CHUNK_POOLING_KEY",
@@ -42,6 +51,12 @@ __all__ = [
     "newest",
     "rows_of",
 ]
+
+_NOT_VECTORS: dict[type, str] = {
+    RerankResult: "a rerank result holds scores",
+    TokenizeResult: "a tokenize result holds tokens",
+    DecodeResult: "a decode result holds texts",
+}
 
 DOCS_KEY = "docs"
 """``meta[DOCS_KEY]``: per-input metadata, a list aligned with the request's inputs."""
@@ -129,8 +144,8 @@ def rows_of(value: bytes | None, record_ms: int = 0) -> RowsOf | Refused:
         result = decode_result(value)
     except SchemaError as exc:
         return Refused(INVALID_RESULT, f"not a valid result: {exc.message}")
-    if isinstance(result, RerankResult):
-        return Refused(INVALID_RESULT, "a rerank result holds scores, not vectors", result.id)
+    if isinstance(result, RerankResult | TokenizeResult | DecodeResult):
+        return Refused(INVALID_RESULT, f"{_NOT_VECTORS[type(result)]}, not vectors", result.id)
     keys = tuple(str(key) for key in result.keys or ())
     if isinstance(result, ErrorResult):
         return Refused(

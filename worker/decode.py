@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from kembed_shared.ports import Record
 from schemas import (
+    DecodeRequest,
     EmbedRequest,
     ErrorCode,
     ErrorInfo,
@@ -29,6 +30,8 @@ from schemas import (
     Request,
     RerankRequest,
     SchemaError,
+    TokenizeRequest,
+    TokenizerRequest,
     decode_request,
 )
 from schemas.errors import Envelope
@@ -183,7 +186,7 @@ def _check(
 ) -> ErrorInfo | None:
     count = input_count(request)
     if count > limits.max_client_batch_size:
-        what = "documents" if isinstance(request, RerankRequest) else "inputs"
+        what = {"rerank": "documents", "decode": "sequences"}.get(request_kind(request), "inputs")
         return ErrorInfo(
             ErrorCode.TOO_MANY_INPUTS,
             f"{count} {what} exceed max_client_batch_size {limits.max_client_batch_size}",
@@ -196,11 +199,19 @@ def _check(
             return too_long
     if model is None:
         return _unknown_model(limits)
+    if isinstance(request, TokenizeRequest | DecodeRequest):
+        return _check_tokenizer(request, model)  # any model's tokenizer answers these
     if request_kind(request) != model.kind:
         return wrong_kind(model.name, model.kind)
     if isinstance(request, RerankRequest):
         return None
     return _check_embed(request, model)
+
+
+def _check_tokenizer(request: TokenizerRequest, model: ModelLimits) -> ErrorInfo | None:
+    if isinstance(request, TokenizeRequest):
+        return _check_prompt_name(request.prompt_name, model)
+    return None
 
 
 def _too_many_chars(request: Request, limit: int) -> ErrorInfo | None:
@@ -211,7 +222,9 @@ def _too_many_chars(request: Request, limit: int) -> ErrorInfo | None:
         if len(request.query) > limit:
             return _chars_error("the query", len(request.query), limit, None)
         texts, what = request.documents, "document"
-    elif request.chunking is None:
+    elif isinstance(request, DecodeRequest):
+        return None
+    elif isinstance(request, TokenizeRequest) or request.chunking is None:
         texts, what = request.inputs, "input"
     else:
         return None
@@ -242,7 +255,11 @@ def _check_embed(request: EmbedRequest, model: ModelLimits) -> ErrorInfo | None:
             f"'chunking.max_tokens' {chunking.max_tokens} exceeds the model's "
             f"max_seq_length {longest}",
         )
-    if request.prompt_name is not None and request.prompt_name not in model.prompt_names:
+    return _check_prompt_name(request.prompt_name, model)
+
+
+def _check_prompt_name(prompt_name: str | None, model: ModelLimits) -> ErrorInfo | None:
+    if prompt_name is not None and prompt_name not in model.prompt_names:
         known = ", ".join(sorted(model.prompt_names)) or "none"
         return ErrorInfo(
             ErrorCode.INVALID_REQUEST,

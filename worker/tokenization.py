@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tokenizers import Encoding, Tokenizer
 
+from schemas import Token
+
 __all__ = ["DIRECTIONS", "PRECUT_CHARS_PER_TOKEN", "TextTokenizer", "Tokenized"]
 
 DIRECTIONS = ("right", "left")
@@ -76,6 +78,32 @@ class TextTokenizer:
         """The tokenizer (cutting at the default end): to copy, not to change."""
         return self._tokenizers[self.direction]
 
+    @property
+    def vocab_size(self) -> int:
+        """Ids below this are the tokenizer's (added tokens included)."""
+        return int(self._untruncated.get_vocab_size(with_added_tokens=True))
+
+    def tokens(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> list[tuple[Token, ...]]:
+        """Each text's tokens, not truncated, as TEI's ``/tokenize`` gives them: id, text,
+        whether special, and a text token's ``[start, stop)`` UTF-8 byte offsets into the
+        text (a special token: its own text, no offsets)."""
+        encodings = self._untruncated.encode_batch(
+            list(texts), add_special_tokens=add_special_tokens
+        )
+        return [_tokens_of(text, enc) for text, enc in zip(texts, encodings, strict=True)]
+
+    def decode(
+        self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = True
+    ) -> list[str]:
+        """The text of each sequence of ids (every id below :attr:`vocab_size`)."""
+        return list(
+            self._untruncated.decode_batch(
+                [list(ids) for ids in sequences], skip_special_tokens=skip_special_tokens
+            )
+        )
+
     def encode(self, texts: Sequence[str], direction: str | None = None) -> list[Tokenized]:
         """Each text's ids, cut to ``max_length`` at ``direction`` (the default: this
         tokenizer's).
@@ -132,6 +160,28 @@ class TextTokenizer:
         # second text type 0, where encode_batch (and so Hugging Face) gives it type 1.
         encodings = self._tokenizers[side].encode_batch(list(pairs), add_special_tokens=True)
         return [_pair_piece(enc) for enc in encodings]
+
+
+def _tokens_of(text: str, enc: Encoding) -> tuple[Token, ...]:
+    """``enc``'s tokens with byte offsets into ``text`` (the tokenizer's are characters)."""
+    starts: list[int] | None = None
+    if not text.isascii():
+        starts = [0]
+        for char in text:
+            starts.append(starts[-1] + len(char.encode("utf-8")))
+    out: list[Token] = []
+    for token_id, (start, stop), special, token in zip(
+        enc.ids, enc.offsets, enc.special_tokens_mask, enc.tokens, strict=True
+    ):
+        if special:
+            out.append((token_id, token, True, None, None))
+        else:
+            if starts is not None:
+                start_byte, stop_byte = starts[start], starts[stop]
+            else:
+                start_byte, stop_byte = start, stop
+            out.append((token_id, text[start:stop], False, start_byte, stop_byte))
+    return tuple(out)
 
 
 def _pair_piece(enc: Encoding) -> Tokenized:

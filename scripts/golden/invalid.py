@@ -8,6 +8,7 @@ from typing import Any
 from scripts.golden.common import (
     pack,
 )
+from scripts.golden.tokenizer import tokenizer_invalid_cases
 
 
 def invalid_cases() -> list[dict[str, Any]]:
@@ -122,6 +123,7 @@ def invalid_cases() -> list[dict[str, Any]]:
             None,
             eid,
         ),
+        *tokenizer_invalid_cases(),
     ]
     return [
         {"name": name, "hex": data.hex(), "code": code, "index": index, "envelope_id": envelope}

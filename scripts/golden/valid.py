@@ -15,6 +15,7 @@ from scripts.golden.common import (
     pack_float32_meta,
     sign_bits,
 )
+from scripts.golden.tokenizer import tokenizer_valid_cases
 
 
 def encoding_cases() -> list[tuple[str, str, dict[str, Any], str]]:
@@ -265,6 +266,7 @@ def later_valid_cases() -> list[tuple[str, str, dict[str, Any], str]]:
         *chunking_cases(),
         *rerank_cases(),
         *pooling_cases(),
+        *tokenizer_valid_cases(),
     ]
 
 

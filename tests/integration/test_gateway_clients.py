@@ -1,8 +1,9 @@
 """The gateway from the clients people already have, through the real broker, worker and
 models: Hugging Face's ``InferenceClient`` (TEI's ``POST /``: ``feature_extraction`` and
 ``sentence_similarity``) and Cohere's ``ClientV2`` (``POST /v2/embed``, ``/v2/rerank``),
-each held to sentence-transformers within 1e-4; the errors those clients raise; and
-``/v1/models`` listing names, never a model's directory.
+each held to sentence-transformers within 1e-4; the errors those clients raise;
+``/v1/models`` listing names, never a model's directory; and TEI's ``/tokenize`` and
+``/decode`` (and the SDK's ``tokenize``/``decode``), held to transformers' tokenizers.
 
 The fleet is test_rerank_clients's: one fp32 worker serving the bundled embedding model
 (``rc-minilm``, the default on the gateway's requests topic) and a random-weight
@@ -11,6 +12,8 @@ cross-encoder from a local directory (``rc-ce``).
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,11 +24,13 @@ import pytest
 from tests.integration.test_gateway import GatewayProcess
 from tests.integration.test_rerank_clients import (
     EMBEDDER,
+    LONG,
     QUERY,
     RERANKER,
     TOLERANCE,
     Fleet,
     check_top,
+    client_options,
     documents,
     reference,
 )
@@ -179,3 +184,79 @@ def test_models_lists_names_and_never_a_models_directory(
     info = httpx.get(f"{gateway.url}/info", timeout=30).json()
     assert info["model_id"] == EMBEDDER
     assert {m["name"] for m in info["served_models"]} == {EMBEDDER, RERANKER}
+
+
+# ---------------------------------------------------------------------- /tokenize, /decode
+
+
+def test_tei_tokenize_and_decode_use_the_served_models_tokenizer(
+    gateway: GatewayProcess, model_dir: Path
+) -> None:
+    """``POST /tokenize`` answers the ids transformers' tokenizer of the served model makes
+    (not truncated: a text far over the model's 256 tokens keeps them all), each text
+    token the input's bytes at its offsets; a text within the limit has as many tokens as
+    its embedding is billed (OpenAI's usage). ``POST /decode`` of those ids is
+    transformers' decode."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    texts = [*TEXTS[:3], "Héllo wörld — 日本語 ok", LONG]
+    answer = httpx.post(f"{gateway.url}/tokenize", json={"inputs": texts}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    tokens = answer.json()
+    ids = [[token["id"] for token in each] for each in tokens]
+    assert ids == [tokenizer(text)["input_ids"] for text in texts]
+    assert len(ids[-1]) > 256
+    for text, each in zip(texts, tokens, strict=True):
+        raw = text.encode("utf-8")
+        for token in each:
+            if token["special"]:
+                assert (token["start"], token["stop"]) == (None, None)
+            else:
+                assert raw[token["start"] : token["stop"]].decode("utf-8") == token["text"]
+    billed = httpx.post(
+        f"{gateway.url}/v1/embeddings", json={"model": EMBEDDER, "input": texts[:4]}, timeout=60
+    ).json()["usage"]["prompt_tokens"]
+    assert billed == sum(len(each) for each in ids[:4])
+    decoded = httpx.post(f"{gateway.url}/decode", json={"ids": ids[:4]}, timeout=60)
+    assert decoded.status_code == 200, decoded.text
+    assert decoded.json() == [tokenizer.decode(each, skip_special_tokens=True) for each in ids[:4]]
+    bad = httpx.post(f"{gateway.url}/decode", json={"ids": [[101], [10**6]]}, timeout=60)
+    assert bad.status_code == 422, bad.text
+    assert bad.json()["error_type"] == "Validation"
+    assert "vocabulary" in bad.json()["error"]
+
+
+def test_sdk_tokenize_and_decode_answer_for_a_reranker_too(fleet: Fleet) -> None:
+    """Any model's tokenizer answers: the cross-encoder's tokens of a text, with and
+    without special tokens, are its transformers tokenizer's; an id outside its
+    vocabulary is EmbedError ``invalid_request`` naming the sequence."""
+    from transformers import AutoTokenizer
+
+    from producer_sdk import EmbedClient, EmbedError
+
+    tokenizer = AutoTokenizer.from_pretrained(str(fleet.model_dir))
+
+    async def run() -> tuple[Any, Any, Any, EmbedError]:
+        async with EmbedClient(fleet.bootstrap_servers, **client_options(fleet)) as client:
+            with_special = await client.tokenize([QUERY, *TEXTS[:2]], model=RERANKER)
+            plain = await client.tokenize([QUERY], model=RERANKER, add_special_tokens=False)
+            ids = [[token.id for token in each] for each in with_special.tokens]
+            decoded = await client.decode(ids, model=RERANKER)
+            with pytest.raises(EmbedError) as caught:
+                await client.decode([[1], [10**6]], model=RERANKER)
+            return with_special, plain, decoded, caught.value
+
+    with_special, plain, decoded, error = asyncio.run(run())
+    assert with_special.model == RERANKER
+    texts = [QUERY, *TEXTS[:2]]
+    assert [[t.id for t in each] for each in with_special.tokens] == [
+        tokenizer(text)["input_ids"] for text in texts
+    ]
+    assert [t.id for t in plain.tokens[0]] == tokenizer(QUERY, add_special_tokens=False)[
+        "input_ids"
+    ]
+    assert decoded.texts == [
+        tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) for text in texts
+    ]
+    assert (error.code, error.index) == ("invalid_request", 1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
+import re
 import threading
 import zlib
 from collections.abc import Callable, Sequence
@@ -20,10 +21,13 @@ from kembed_shared.encodings import LAYOUTS, encode_rows
 from producer_sdk import (
     ClientClosedError,
     ClientConfig,
+    Decoding,
     EmbedClient,
     Embeddings,
     RequestTooLargeError,
     Reranked,
+    Token,
+    Tokenization,
 )
 from producer_sdk.catalog import CatalogModel
 from producer_sdk.testing import Answer, InMemoryTransport
@@ -200,6 +204,34 @@ class FakeClient(EmbedClient):
             tokens=tuple(tokens_of(query) + tokens_of(d) for d in documents),
             model=RERANKER,
         )
+
+    async def tokenize(self, texts: Sequence[str], **options: Any) -> Tokenization:
+        """Per text, its words as tokens (byte offsets), between [CLS] and [SEP] unless
+        ``add_special_tokens`` is false."""
+        keywords = self._called("tokenize", list(texts), options)
+        await self._answering(keywords)
+        special = keywords["add_special_tokens"]
+        tokens = []
+        for text in texts:
+            words = [
+                Token(1000 + len(m.group()), m.group(), False, m.start(), m.end())
+                for m in re.finditer(r"\S+", text)
+            ]
+            ends = (
+                [Token(101, "[CLS]", True, None, None)],
+                [Token(102, "[SEP]", True, None, None)],
+            )
+            tokens.append([*ends[0], *words, *ends[1]] if special else words)
+        return Tokenization(self.model_name, tokens)
+
+    async def decode(self, ids: Sequence[Sequence[int]], **options: Any) -> Decoding:
+        """Per sequence, its ids written out, ``<101>`` and ``<102>`` left out unless
+        ``skip_special_tokens`` is false."""
+        keywords = self._called("decode", [str(list(i)) for i in ids], options)
+        await self._answering(keywords)
+        skip = {101, 102} if keywords["skip_special_tokens"] else set()
+        texts = [" ".join(f"<{i}>" for i in sequence if i not in skip) for sequence in ids]
+        return Decoding(self.model_name, texts)
 
     async def submit(self, texts: Sequence[str], **options: Any) -> str:
         size = sum(len(text) for text in texts)

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kembed_shared.ports import Record
-from schemas import Kind, Request
+from schemas import Kind, ModelRequest
 from worker.cache import CacheNote, Hit, VectorCache
 from worker.encoder import Encoder, Prepared
 from worker.kinds.requests import input_count
@@ -37,7 +37,7 @@ cache files its vector once encoded (empty: not cached)."""
 
 
 def per_request(
-    requests: Sequence[Request],
+    requests: Sequence[ModelRequest],
     pieces: list[Tokenized | Hit],
     filed: list[CacheNote] | None = None,
 ) -> list[Pieces]:
@@ -67,7 +67,7 @@ class Finished(Protocol):
     """A request whose inputs are all encoded, as the pipeline holds it (its ``Job``)."""
 
     record: Record
-    request: Request
+    request: ModelRequest
     model: ServedModel
     vectors: npt.NDArray[np.float32]
     """The encoder's rows, one per input."""
@@ -83,7 +83,7 @@ class ModelKind(ABC):
     """What one input is, in errors: ``input``, ``(query, document) pair``."""
 
     @abstractmethod
-    async def tokenize(self, requests: Sequence[Request], call: Tokenizing) -> list[Pieces]:
+    async def tokenize(self, requests: Sequence[ModelRequest], call: Tokenizing) -> list[Pieces]:
         """``requests`` (of ``call.model``, one truncation side) tokenized in one call, per
         request in order."""
 
@@ -104,7 +104,7 @@ class ModelKind(ABC):
         """The result message of ``job``, whose inputs are all encoded (a
         ``result_too_large`` error result if it would exceed ``max_bytes``)."""
 
-    def error_index(self, request: Request, index: int) -> int:
+    def error_index(self, request: ModelRequest, index: int) -> int:
         """The index a failed input's error names (a chunk's: its input's); by default, the
         input's own."""
         return index

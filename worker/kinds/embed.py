@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from schemas import EmbedRequest, Kind, Request
+from schemas import EmbedRequest, Kind, ModelRequest
 from worker.chunking import input_index
 from worker.kinds.base import Finished, ModelKind, Pieces, Tokenizing, per_request
 from worker.publish import encode_vectors
@@ -18,7 +18,7 @@ class EmbedKind(ModelKind):
     kind = Kind.EMBED
     input_name = "input"
 
-    async def tokenize(self, requests: Sequence[Request], call: Tokenizing) -> list[Pieces]:
+    async def tokenize(self, requests: Sequence[ModelRequest], call: Tokenizing) -> list[Pieces]:
         model, direction = call.model, call.direction
         texts = [
             model.prompt_for(request) + text
@@ -46,7 +46,7 @@ class EmbedKind(ModelKind):
             request, job.vectors, job.tokens, job.model.name, max_bytes, requested_ms=requested_ms
         )
 
-    def error_index(self, request: Request, index: int) -> int:
+    def error_index(self, request: ModelRequest, index: int) -> int:
         return input_index(request, index) if isinstance(request, EmbedRequest) else index
 
 

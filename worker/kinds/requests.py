@@ -4,18 +4,37 @@ wire format only, so decoding can use it without the kinds' machinery."""
 
 from __future__ import annotations
 
-from schemas import EmbedRequest, ErrorCode, ErrorInfo, Kind, Request, RerankRequest
+from schemas import (
+    DecodeRequest,
+    EmbedRequest,
+    ErrorCode,
+    ErrorInfo,
+    Kind,
+    Request,
+    RerankRequest,
+    TokenizeRequest,
+)
 
 __all__ = ["input_count", "request_keys", "request_kind", "wrong_kind"]
 
 
-def request_kind(request: Request) -> Kind:
+def request_kind(request: Request) -> str:
+    """The request's ``kind``: a model kind, or ``tokenize``/``decode`` (any model's)."""
+    if isinstance(request, TokenizeRequest):
+        return "tokenize"
+    if isinstance(request, DecodeRequest):
+        return "decode"
     return Kind.RERANK if isinstance(request, RerankRequest) else Kind.EMBED
 
 
 def input_count(request: Request) -> int:
-    """The inputs a request puts in flight: its texts, or its documents (pairs)."""
-    return len(request.documents if isinstance(request, RerankRequest) else request.inputs)
+    """The inputs a request puts in flight: its texts, its documents (pairs), or its
+    sequences of ids."""
+    if isinstance(request, RerankRequest):
+        return len(request.documents)
+    if isinstance(request, DecodeRequest):
+        return len(request.ids)
+    return len(request.inputs)
 
 
 def request_keys(request: Request) -> tuple[str | int, ...] | None:

@@ -15,7 +15,7 @@ from functools import partial
 import numpy as np
 import numpy.typing as npt
 
-from schemas import Kind, Request, RerankRequest, RerankResult, encode_result
+from schemas import Kind, ModelRequest, RerankRequest, RerankResult, encode_result
 from worker.cache import Hit
 from worker.encoder import Encoder, Prepared
 from worker.kinds.base import Finished, ModelKind, Pieces, Tokenizing, per_request
@@ -82,7 +82,7 @@ class RerankKind(ModelKind):
     kind = Kind.RERANK
     input_name = "(query, document) pair"
 
-    async def tokenize(self, requests: Sequence[Request], call: Tokenizing) -> list[Pieces]:
+    async def tokenize(self, requests: Sequence[ModelRequest], call: Tokenizing) -> list[Pieces]:
         model = call.model
         pairs = [
             (request.query, document)

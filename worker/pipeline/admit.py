@@ -15,7 +15,15 @@ from typing import TypeVar
 import numpy as np
 
 from kembed_shared.ports import Record, Source
-from schemas import EmbedRequest, ErrorCode, ErrorInfo, Request
+from schemas import (
+    DecodeRequest,
+    EmbedRequest,
+    ErrorCode,
+    ErrorInfo,
+    ModelRequest,
+    TokenizeRequest,
+    TokenizerRequest,
+)
 from worker.batcher import BULK, INTERACTIVE, Item, LaneScheduler
 from worker.cache import CacheNote, Hit, VectorCache, token_count
 from worker.chunking import Chunker, expand_all
@@ -30,6 +38,7 @@ from worker.pipeline.tasks import Tasks
 from worker.served import ServedModel
 from worker.settings import WorkerSettings
 from worker.tokenization import Tokenized
+from worker.tokenizer_answers import answer_tokenizer, tokenizer_chars
 
 __all__ = ["Admission", "limits_for"]
 
@@ -79,7 +88,11 @@ class Admission:
             decoded = decode_record(record, self.limits, now_ms)
             if isinstance(decoded, Accepted):
                 model = self.models[decoded.model]
-                accepted[self.inflight.lane(record.topic)].append((record, decoded.request, model))
+                request = decoded.request
+                if isinstance(request, TokenizeRequest | DecodeRequest):
+                    self.tasks.spawn(self._answer_tokenizer(record, request, model))
+                    continue
+                accepted[self.inflight.lane(record.topic)].append((record, request, model))
             elif isinstance(decoded, Rejected):
                 self.settlement.reject(record, decoded)
             else:
@@ -103,6 +116,20 @@ class Admission:
         is fair: tasks wait in the order they were spawned)."""
         async with self._bulk_turn:
             await self._tokenize(lane, accepted)
+
+    async def _answer_tokenizer(
+        self, record: Record, request: TokenizerRequest, model: ServedModel
+    ) -> None:
+        """A tokenize or decode request: answered from the tokenizer, not batched."""
+        work = partial(
+            answer_tokenizer,
+            request,
+            model,
+            self.settlement.max_result_bytes,
+            record.timestamp_ms,
+        )
+        value, outcome = await self._offload(work, tokenizer_chars(request))
+        self.settlement.answer(record, request, value, model.name, outcome)
 
     async def _offload(self, work: Callable[[], _T], chars: int) -> _T:
         if chars <= _INLINE_TOKENIZE_CHARS:
@@ -174,7 +201,7 @@ class Admission:
         self,
         lane: str,
         record: Record,
-        request: Request,
+        request: ModelRequest,
         model: ServedModel,
         pieces: list[Tokenized | Hit],
         now: float,
@@ -243,7 +270,7 @@ def limits_for(models: Sequence[ServedModel], settings: WorkerSettings) -> Limit
     )
 
 
-def rejection_of(request: Request, error: ErrorInfo) -> Rejected:
+def rejection_of(request: ModelRequest, error: ErrorInfo) -> Rejected:
     return Rejected(
         request.id,
         request.reply_to,

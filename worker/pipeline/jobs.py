@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kembed_shared.ports import Record
-from schemas import Request
+from schemas import ModelRequest
 from worker.batcher import Item
 from worker.cache import CacheNote
 from worker.encoder import ModelInfo, Prepared
@@ -17,7 +17,7 @@ from worker.served import ServedModel
 
 __all__ = ["Admitted", "Batch", "Job"]
 
-Admitted = tuple[Record, Request, ServedModel]
+Admitted = tuple[Record, ModelRequest, ServedModel]
 """A request decoded and accepted, with its record and the model that answers it."""
 
 
@@ -26,7 +26,7 @@ class Job:
     """A request whose inputs are being encoded; published when ``remaining`` reaches 0."""
 
     record: Record
-    request: Request
+    request: ModelRequest
     lane: str
     model: ServedModel
     vectors: npt.NDArray[np.float32]

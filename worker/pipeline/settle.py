@@ -11,7 +11,7 @@ import structlog
 
 from kembed_shared.observability.logging import record_fields
 from kembed_shared.ports import Record
-from schemas import ErrorInfo
+from schemas import ErrorInfo, TokenizerRequest
 from worker.decode import Limits, Rejected
 from worker.delivery import Delivery
 from worker.kinds import kind_of
@@ -56,6 +56,15 @@ class Settlement:
                 job.record, reply, value, job.lane, job.model.name, len(job.tokens), outcome, tokens
             )
         )
+
+    def answer(
+        self, record: Record, request: TokenizerRequest, value: bytes, model: str, outcome: str
+    ) -> None:
+        """Publish ``value``, the result a request answered without the encoder (a tokenize
+        or decode request), which was never counted in flight."""
+        lane = self.inflight.lane(record.topic)
+        reply = ReplyTo(request.id, request.reply_to, request.reply_partition, lane)
+        self.tasks.spawn(self._answer(record, reply, value, lane, model, 0, outcome, 0))
 
     def reject(
         self, record: Record, rejected: Rejected, reserved: int = 0, model: str | None = None

@@ -20,6 +20,7 @@ from tests.support.sdk import ALIAS, catalog_entry
 def answer(request: Request) -> Result | BaseException | None:
     if isinstance(request, RerankRequest):
         return answer_scores(request, [float(len(d)) for d in request.documents])
+    assert isinstance(request, EmbedRequest)
     if request.inputs[0] == "bad":
         return answer_error(request, "invalid_request", "not this one", index=0)
     if request.inputs[0] == "silent":

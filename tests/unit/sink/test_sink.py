@@ -12,7 +12,17 @@ from pydantic import SecretStr, ValidationError
 
 from kembed_cli.main import build_parser
 from kembed_shared.settings import describe_errors
-from schemas import EmbedResult, Encoding, ErrorCode, ErrorInfo, ErrorResult, encode_result
+from schemas import (
+    DecodeResult,
+    EmbedResult,
+    Encoding,
+    ErrorCode,
+    ErrorInfo,
+    ErrorResult,
+    RerankResult,
+    TokenizeResult,
+    encode_result,
+)
 from schemas.encodings import INT8_NORMALIZED_SCALE
 from sink.registry import parse_target
 from sink.rows import MAX_ID_BYTES, Refused, Row, RowsOf, jsonable, newest, rows_of
@@ -248,3 +258,23 @@ def test_sink_command_exits_2_on_invalid_settings(capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert "not supported" in err
     assert "hunter2" not in err
+
+
+@pytest.mark.parametrize(
+    ("result", "holds"),
+    [
+        (RerankResult("r1", "ce", b"\0" * 4, (0,), (3,)), "a rerank result holds scores"),
+        (TokenizeResult("r1", "m", (((101, "[CLS]", True, None, None),),)), "holds tokens"),
+        (DecodeResult("r1", "m", ("text",)), "a decode result holds texts"),
+    ],
+)
+def test_results_without_vectors_are_refused_as_invalid(
+    result: RerankResult | TokenizeResult | DecodeResult, holds: str
+) -> None:
+    """A rerank, tokenize or decode result on a sink's topic holds no vectors: refused
+    (dead-lettered by the sink) with what it holds, under its request id."""
+    outcome = rows_of(encode_result(result))
+    assert isinstance(outcome, Refused)
+    assert (outcome.code, outcome.request_id) == ("invalid_result", "r1")
+    assert holds in outcome.message
+    assert "not vectors" in outcome.message

@@ -279,6 +279,7 @@ def test_prompt_and_prompt_name_together_are_invalid() -> None:
 def test_truncation_direction_must_be_right_or_left() -> None:
     accepted = decode(pack(body(truncation_direction="left")))
     assert isinstance(accepted, Accepted)
+    assert isinstance(accepted.request, EmbedRequest)
     assert accepted.request.truncation_direction == "left"
     result = rejected(decode(pack(body(truncation_direction="middle"))))
     assert result.error.code == ErrorCode.INVALID_REQUEST

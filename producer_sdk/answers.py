@@ -1,0 +1,73 @@
+"""What each call expects back: the result type of its request, the model kind that answers
+it, and the errors a caller gets for anything else (an error result, another kind of
+result, a model of another kind)."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from producer_sdk.catalog import CatalogModel
+from producer_sdk.errors import EmbedError, UnexpectedResultError
+from schemas import (
+    DecodeRequest,
+    DecodeResult,
+    EmbedResult,
+    ErrorResult,
+    Kind,
+    Request,
+    RerankRequest,
+    RerankResult,
+    Result,
+    TokenizeResult,
+)
+
+__all__ = ["KIND_OF", "R", "expected_result", "kind_error"]
+
+R = TypeVar("R", EmbedResult, RerankResult, TokenizeResult, DecodeResult)
+KIND_OF: dict[type, str] = {EmbedResult: Kind.EMBED, RerankResult: Kind.RERANK}
+"""The catalog ``kind`` of the models that answer a call expecting this result (any model
+answers tokenize and decode)."""
+_WHAT: dict[type, str] = {
+    EmbedResult: "vectors",
+    RerankResult: "relevance scores (a rerank result)",
+    TokenizeResult: "tokens (a tokenize result)",
+    DecodeResult: "texts (a decode result)",
+}
+_ITEM: dict[type, str] = {RerankRequest: "document", DecodeRequest: "sequence"}
+"""What an error's ``index`` names, by request (default: an input)."""
+_MODEL_KINDS: dict[str, str] = {
+    Kind.EMBED: "an embedding model",
+    Kind.RERANK: "a reranker (a cross-encoder)",
+}
+_USE: dict[str, str] = {
+    Kind.EMBED: "call embed(), not rerank()",
+    Kind.RERANK: "call rerank(), not embed()",
+}
+
+
+def expected_result(request: Request, result: Result, expected: type[R]) -> R:
+    """``result`` when it is an ``expected``; EmbedError (with the wire code) for an error
+    result, UnexpectedResultError for another kind of result."""
+    if isinstance(result, ErrorResult):
+        raise EmbedError(
+            str(result.error.code),
+            result.error.message,
+            index=result.error.index,
+            request_id=result.id,
+            item=_ITEM.get(type(request), "input"),
+        )
+    if not isinstance(result, expected):
+        raise UnexpectedResultError(request.id, _WHAT[expected], _WHAT[type(result)])
+    return result
+
+
+def kind_error(entry: CatalogModel, kind: str, request_id: str) -> EmbedError | None:
+    """``invalid_request`` when the catalog's ``entry`` is not of ``kind``."""
+    if entry.kind == kind:
+        return None
+    return EmbedError(
+        "invalid_request",
+        f"the model {entry.name!r} is {_MODEL_KINDS.get(entry.kind, entry.kind)} "
+        f"(kind {entry.kind!r}): {_USE.get(entry.kind, 'use another model')}",
+        request_id=request_id,
+    )
