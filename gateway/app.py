@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import structlog
@@ -30,7 +30,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import cohere_api, openai_api, rerank_api, tei_api
 from gateway.auth import ApiKeys
+from gateway.common import gateway_of
 from gateway.errors import ApiError, Shape
+from gateway.fast_path import FastRoute
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.service import Gateway, GatewayClient
 from gateway.settings import GatewaySettings
@@ -149,6 +151,7 @@ def create_app(
         Guard,
         keys=keys,
         metrics=metrics,
+        fast={"/v1/embeddings": openai_api.FAST_EMBEDDINGS, "/embed": tei_api.FAST_EMBED},
         max_body_bytes=settings.max_body_bytes,
         body_timeout_s=settings.body_timeout_s,
     )
@@ -263,6 +266,8 @@ class Guard:
     metrics: GatewayMetrics
     max_body_bytes: int
     body_timeout_s: float = 30.0
+    fast: Mapping[str, FastRoute[Any]] = field(default_factory=dict)
+    """Routes whose plain bodies skip FastAPI (gateway.fast_path), by path."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -314,6 +319,11 @@ class Guard:
                 return
             if body is None:
                 return  # the client went away
+            route = self.fast.get(path) if scope["method"] == "POST" else None
+            parsed = None if route is None else route.parse(body, headers.get("content-type"))
+            if route is not None and parsed is not None:
+                await _serve_fast(route, parsed, Request(scope, _replay(body, receive)), send)
+                return
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
 
@@ -358,6 +368,22 @@ class Guard:
             inputs=state.get("inputs"),
             ms=round(seconds * 1000, 2),
         )
+
+
+async def _serve_fast(route: FastRoute[Any], body: Any, request: Request, send: Send) -> None:
+    """``route``'s function on a body it parsed, with the answers of the app's exception
+    handlers (an unexpected error is answered 500 and raised on to the server, as
+    Starlette does)."""
+    failure: Exception | None = None
+    try:
+        response: Response = await route.handle(body, request, await gateway_of(request))
+    except ApiError as error:
+        response = await _api_error(request, error)
+    except Exception as error:  # noqa: BLE001 (answered, then raised on below)
+        response, failure = await _failed(request, error), error
+    await response(request.scope, request.receive, send)
+    if failure is not None:
+        raise failure
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -18,10 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.common import Service, json_response, refuse_token_ids, texts_of
 from gateway.errors import from_sdk
+from gateway.fast_path import FastRoute, optional_of, plain_texts
 from gateway.service import EmbedOptions
 from producer_sdk.errors import KembedError
 
 __all__ = [
+    "FAST_EMBEDDINGS",
     "EmbeddingData",
     "EmbeddingRequest",
     "EmbeddingResponse",
@@ -81,6 +83,30 @@ class ModelList(BaseModel):
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
 
+def _plain_embedding_request(data: dict[str, Any]) -> EmbeddingRequest | None:
+    """The body of ``POST /v1/embeddings`` when every field has its plain type."""
+    texts, model = data.get("input"), data.get("model")
+    encoding_format = optional_of(data, "encoding_format", str, "float")
+    dimensions = optional_of(data, "dimensions", int)
+    user = optional_of(data, "user", str)
+    if (
+        not plain_texts(texts)
+        or not isinstance(model, str)
+        or encoding_format not in ("float", "base64")
+        or dimensions is ...
+        or (dimensions is not None and dimensions <= 0)
+        or user is ...
+    ):
+        return None
+    return EmbeddingRequest.model_construct(
+        input=texts,
+        model=model,
+        encoding_format=encoding_format,
+        dimensions=dimensions,
+        user=user,
+    )
+
+
 @router.post("/embeddings", response_model=EmbeddingResponse)
 async def create_embeddings(body: EmbeddingRequest, request: Request, gateway: Service) -> Response:
     """Embed ``input`` with ``model``; one embedding per input, in order."""
@@ -107,6 +133,10 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, gateway: S
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
     return json_response(answer)
+
+
+FAST_EMBEDDINGS = FastRoute(_plain_embedding_request, create_embeddings)
+"""``POST /v1/embeddings``'s fast path (gateway.fast_path)."""
 
 
 @router.get("/models", response_model=ModelList)

@@ -29,12 +29,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gateway.common import Service, json_response, refuse_token_ids, texts_of
 from gateway.errors import ApiError, from_sdk
+from gateway.fast_path import FastRoute, optional_of, plain_texts
 from gateway.service import EmbedOptions, RerankOptions
 from kembed_shared.version import kembed_version
 from producer_sdk.errors import KembedError
 from schemas import Kind
 
 __all__ = [
+    "FAST_EMBED",
     "TeiEmbedRequest",
     "TeiRank",
     "TeiRerankRequest",
@@ -178,6 +180,30 @@ async def embed(body: TeiEmbedRequest, request: Request, gateway: Service) -> Re
     outcome = await gateway.embed(texts, options)
     request.state.model = outcome.model
     return json_response(np.ascontiguousarray(outcome.result.vectors))
+
+
+def _plain_embed_request(data: dict[str, Any]) -> TeiEmbedRequest | None:
+    """The body of TEI's ``POST /embed`` when every field has its plain type."""
+    fields = {
+        "normalize": optional_of(data, "normalize", bool, True),
+        "truncate": optional_of(data, "truncate", bool, False),
+        "truncation_direction": optional_of(data, "truncation_direction", str, "Right"),
+        "prompt_name": optional_of(data, "prompt_name", str),
+        "dimensions": optional_of(data, "dimensions", int),
+    }
+    texts = data.get("inputs")
+    if (
+        not plain_texts(texts)
+        or ... in fields.values()
+        or fields["truncation_direction"] not in ("Right", "Left", "right", "left")
+        or (fields["dimensions"] is not None and fields["dimensions"] <= 0)
+    ):
+        return None
+    return TeiEmbedRequest.model_construct(inputs=texts, **fields)
+
+
+FAST_EMBED = FastRoute(_plain_embed_request, embed)
+"""TEI's ``POST /embed``'s fast path (gateway.fast_path)."""
 
 
 @router.post("/rerank", response_model=list[TeiRank], response_model_exclude_none=True)

@@ -15,14 +15,14 @@ process as the load generator. The worker is measured once its start-up tuning i
   ``EmbedClient.embed()`` in this process; in ``--blocks`` blocks, the two paths
   alternating block by block (and which goes first alternating too), each block's texts
   the same on both. p50 / p95 / p99 per path, the gateway's p50 minus the SDK's
-  (target: at most 3 ms), and the CPU time each process spent per request.
+  (target: at most 2 ms), and the CPU time each process spent per request.
 - throughput: ``--texts`` texts in requests of ``--batch``, sent by ``--clients``
   concurrent senders (HTTP clients on one httpx pool of that many connections, or
   ``embed()`` calls on one ``EmbedClient``), each sender taking the next request when its
   last one is answered; timed from the first send to the last answer. ``--rounds`` rounds,
   the order of the paths alternating; texts/s per path (median of the rounds), the ratio
   gateway / SDK of each round (the two paths back to back, so that a change in the
-  machine's load between rounds cancels out) and their median (target: at least 0.9), and
+  machine's load between rounds cancels out) and their median (target: at least 0.95), and
   the CPU time each process spent per 1,000 texts (worker, broker, gateway, this load
   generator) and the mean rows of the worker's batches.
 
