@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from producer_sdk.catalog import CatalogModel
+from producer_sdk.catalog import CatalogModel, ModelRouter
 from producer_sdk.errors import EmbedError, UnexpectedResultError
 from schemas import (
     DecodeRequest,
@@ -21,7 +21,7 @@ from schemas import (
     TokenizeResult,
 )
 
-__all__ = ["KIND_OF", "R", "expected_result", "kind_error"]
+__all__ = ["KIND_OF", "R", "check_kind", "expected_result", "kind_error"]
 
 R = TypeVar("R", EmbedResult, RerankResult, TokenizeResult, DecodeResult)
 KIND_OF: dict[type, str] = {EmbedResult: Kind.EMBED, RerankResult: Kind.RERANK}
@@ -71,3 +71,16 @@ def kind_error(entry: CatalogModel, kind: str, request_id: str) -> EmbedError | 
         f"(kind {entry.kind!r}): {_USE.get(entry.kind, 'use another model')}",
         request_id=request_id,
     )
+
+
+async def check_kind(router: ModelRouter, request: Request, kind: str) -> None:
+    """``invalid_request`` at once when the catalog says the model named is of another
+    kind (a reranker asked for vectors, an embedding model for scores); nothing is
+    checked for a model pinned by ``model_topics`` or without a catalog."""
+    model = request.model
+    if model is None or router.pinned(model):
+        return
+    entry = await router.find(model)
+    error = None if entry is None else kind_error(entry, kind, request.id)
+    if error is not None:
+        raise error

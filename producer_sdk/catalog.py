@@ -255,6 +255,11 @@ class ModelRouter:
         self._refreshing: asyncio.Task[None] | None = None
         self.reads = 0
 
+    def pinned(self, model: str) -> bool:
+        """Whether ``model``'s topic is set by ``overrides`` (``model_topics``), not the
+        catalog."""
+        return model in self._overrides
+
     async def topic_for(
         self, model: str, lane: Lane = "interactive", current: str | None = None
     ) -> str | None:
@@ -262,7 +267,7 @@ class ModelRouter:
         the catalog names one (the caller then uses its configured topic). ``current``,
         the caller's configured topic, is kept when a live worker of the model reads it (a
         client configured for the bulk lane, or for its own fleet's topic, stays on it)."""
-        if model in self._overrides:
+        if self.pinned(model):
             return self._overrides[model]
         entry = await self.find(model)
         if entry is None:

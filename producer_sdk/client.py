@@ -22,7 +22,7 @@ from typing import Any, Literal, Unpack, overload
 import numpy as np
 import numpy.typing as npt
 
-from producer_sdk.answers import KIND_OF, R, expected_result, kind_error
+from producer_sdk.answers import KIND_OF, R, check_kind, expected_result
 from producer_sdk.catalog import CatalogModel, Lane, ModelRouter
 from producer_sdk.chunked import ChunkedEmbeddings
 from producer_sdk.config import ClientConfig
@@ -401,21 +401,9 @@ class EmbedClient:
             reply_partition=self.reply_partition,
         )
         if expected in KIND_OF:
-            await self._check_kind(request, KIND_OF[expected])
+            await check_kind(self._router, request, KIND_OF[expected])
         topic = await self.request_topic(request.model)
         return expected_result(request, await self._call(request, wait, topic), expected)
-
-    async def _check_kind(self, request: Request, kind: str) -> None:
-        """``invalid_request`` at once when the catalog says the model named is of another
-        kind (a reranker asked for vectors, an embedding model for scores); nothing is
-        checked for a model pinned by ``model_topics`` or without a catalog."""
-        model = request.model
-        if model is None or model in self.config.model_topics:
-            return
-        entry = await self._router.find(model)
-        error = None if entry is None else kind_error(entry, kind, request.id)
-        if error is not None:
-            raise error
 
     async def submit(
         self,
@@ -479,7 +467,7 @@ class EmbedClient:
             texts, embedding, self.config.max_input_chars, self.config.model, keys, metadata
         )
         self._check_started()
-        await self._check_kind(request, Kind.EMBED)
+        await check_kind(self._router, request, Kind.EMBED)
         topic = await self.request_topic(request.model, "bulk" if sending.bulk else "interactive")
         await self._send(request, topic, content_key(request) if sending.affinity else None)
         return request.id
