@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from worker.encoder.folder import ModelFolder
 from worker.encoder.models import read_activation
 from worker.encoder.torch_backend import TorchEncoder
 
@@ -35,6 +36,10 @@ class TorchCrossEncoder(TorchEncoder):
         self.activation = read_activation(model_dir)
         options.pop("pooling", None)
         super().__init__(model_dir, name, pooling="none", **options)
+
+    def _read_folder(self) -> ModelFolder:
+        """A cross-encoder's folder has no embedding modules: nothing after the logits."""
+        return ModelFolder(pooling="none", modules=("Transformer",))
 
     def _load_module(self, dtype: torch.dtype) -> torch.nn.Module:
         model: torch.nn.Module = AutoModelForSequenceClassification.from_pretrained(

@@ -1,41 +1,24 @@
 """Pooling of token states into one vector, as sentence-transformers' ``Pooling`` module.
 
-The mode comes from the model's ``modules.json`` -> Pooling folder -> ``config.json``.
+The mode comes from the model's ``modules.json`` -> Pooling folder -> ``config.json``
+(``worker.encoder.folder``).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from worker.encoder.folder import POOLING_MODES, read_folder
+
 __all__ = ["POOLING_MODES", "pool", "read_pooling_mode"]
-
-POOLING_MODES = ("mean", "cls", "max", "lasttoken", "mean_sqrt_len")
-
-_CONFIG_KEYS = {
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_lasttoken": "lasttoken",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
-}
 
 
 def read_pooling_mode(model_dir: Path) -> str:
-    """The model's pooling mode; ``mean`` for plain Hugging Face models without one."""
-    modules = model_dir / "modules.json"
-    if not modules.is_file():
-        return "mean"
-    for module in json.loads(modules.read_text()):
-        if str(module.get("type", "")).endswith("Pooling"):
-            config = json.loads((model_dir / module["path"] / "config.json").read_text())
-            modes = [mode for key, mode in _CONFIG_KEYS.items() if config.get(key)]
-            if len(modes) != 1:
-                raise ValueError(f"unsupported pooling configuration {modes or config}")
-            return modes[0]
-    return "mean"
+    """The model's pooling mode (:func:`worker.encoder.folder.read_folder`); ``mean`` for
+    plain Hugging Face models without one."""
+    return read_folder(model_dir).pooling
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The torch encoder: a Hugging Face transformer plus sentence-transformers-style pooling.
+"""The torch encoder: a Hugging Face transformer and the sentence-transformers modules its
+folder lists after it (pooling, Dense, Normalize: ``worker.encoder.folder``).
 
 The only module of the worker that imports torch and transformers. It is driven from one
 dedicated thread; torch releases the GIL inside its kernels, so the event loop keeps
@@ -22,7 +23,9 @@ from transformers import AutoModel
 from transformers.utils import logging as hf_logging
 
 from worker.encoder.base import EncoderOutOfMemoryError, ModelInfo, Prepared
-from worker.encoder.pooling import POOLING_MODES, pool, read_pooling_mode
+from worker.encoder.folder import ModelFolder, read_folder, usable_positions
+from worker.encoder.head import Head
+from worker.encoder.pooling import POOLING_MODES, pool
 from worker.encoder.quantize import memory_bytes, quantize_linear_layers
 
 __all__ = ["TorchEncoder", "Variant", "resolve_compile", "resolve_device", "resolve_dtype"]
@@ -80,16 +83,6 @@ def resolve_compile(setting: str, device: torch.device) -> bool:
     return setting == "on"
 
 
-def _max_seq_length(model_dir: Path, config_limit: int) -> int:
-    """sentence-transformers' max_seq_length when present, else the model's positions."""
-    st_config = model_dir / "sentence_bert_config.json"
-    if st_config.is_file():
-        value = json.loads(st_config.read_text()).get("max_seq_length")
-        if isinstance(value, int) and value > 0:
-            return min(value, config_limit)
-    return config_limit
-
-
 @dataclass(slots=True)
 class Variant:
     """One way to run the model: its weights in ``dtype``, eagerly or under torch.compile.
@@ -137,6 +130,7 @@ class TorchEncoder:
         self._pinned = False
         self._device = resolve_device(device)
         self._model_dir = model_dir
+        self._folder = self._read_folder()
         self._quantization = quantization
         self._modules: dict[torch.dtype, torch.nn.Module] = {}
         first_dtype = resolve_dtype(dtype, self._device)
@@ -148,6 +142,7 @@ class TorchEncoder:
         config: Any = getattr(model, "config")  # noqa: B009 (untyped HF attribute)
         limit = self._model_limit(config)
         self._pooling = self._pooling_mode(pooling)
+        self._head = Head(self._folder, self._device)
         self._pad_id = pad_id
         self._uses_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
         self.info = ModelInfo(
@@ -169,27 +164,36 @@ class TorchEncoder:
     # What a subclass (worker.encoder.cross_encoder) changes: the model class it loads,
     # what one row of output is, and how long an input may be.
 
+    def _read_folder(self) -> ModelFolder:
+        """The sentence-transformers modules after the transformer (refusing any other)."""
+        return read_folder(self._model_dir)
+
     def _load_module(self, dtype: torch.dtype) -> torch.nn.Module:
         return _load(self._model_dir, dtype)
 
     def _model_limit(self, config: Any) -> int:
-        positions = int(getattr(config, "max_position_embeddings", 512))
-        return _max_seq_length(self._model_dir, positions)
+        """sentence-transformers' ``max_seq_length`` (wherever the folder's version keeps
+        it), capped by what the position embeddings can place; 512 when neither says."""
+        usable = usable_positions(config.to_dict())
+        limits = [value for value in (self._folder.max_seq_length, usable) if value]
+        return min(limits) if limits else 512
 
     def _pooling_mode(self, pooling: str) -> str:
-        mode = read_pooling_mode(self._model_dir) if pooling == "auto" else pooling
+        mode = self._folder.pooling if pooling == "auto" else pooling
         if mode not in POOLING_MODES:
             known = ", ".join(POOLING_MODES)
             raise ValueError(f"unknown pooling {pooling!r}; known: auto, {known}")
         return mode
 
     def _output_dim(self, config: Any) -> int:
-        return int(config.hidden_size)
+        hidden = getattr(config, "hidden_size", None) or config.d_model  # T5 names it d_model
+        return self._folder.output_dim(int(hidden))
 
     def _rows(self, forward: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One output row per sequence: the pooled last hidden state."""
+        """One output row per sequence: the pooled last hidden state, through the folder's
+        Dense and Normalize modules, cut to its ``truncate_dim``."""
         hidden = forward(**inputs).last_hidden_state
-        return pool(hidden, inputs["attention_mask"], self._pooling)
+        return self._head(pool(hidden, inputs["attention_mask"], self._pooling))
 
     @property
     def device(self) -> torch.device:
@@ -350,9 +354,23 @@ def _compiled(model: torch.nn.Module) -> Any:
     return torch.compile(model, dynamic=True)
 
 
+_ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
+"""Encoder-decoder families whose encoder alone makes the token states (as
+sentence-transformers loads them)."""
+
+
 def _load(model_dir: Path, dtype: torch.dtype) -> torch.nn.Module:
     """The transformer without its classification pooler (a dense layer + tanh per batch
-    that sentence embeddings never use); models without that option load as they are."""
+    that sentence embeddings never use); models without that option load as they are; a
+    T5-family model as its encoder alone."""
+    model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+    if model_type in _ENCODER_ONLY:
+        import transformers
+
+        encoder: torch.nn.Module = getattr(transformers, _ENCODER_ONLY[model_type]).from_pretrained(
+            str(model_dir), dtype=dtype
+        )
+        return encoder
     try:
         model = AutoModel.from_pretrained(str(model_dir), dtype=dtype, add_pooling_layer=False)
     except TypeError:

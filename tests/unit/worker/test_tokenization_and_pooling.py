@@ -272,8 +272,19 @@ def test_ambiguous_pooling_config_raises(tmp_path: Path) -> None:
         read_pooling_mode(tmp_path)
 
 
-def test_modules_without_pooling_default_to_mean(tmp_path: Path) -> None:
-    """A modules.json with no Pooling module falls back to mean."""
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Dense"}]
-    (tmp_path / "modules.json").write_text(json.dumps(modules))
-    assert read_pooling_mode(tmp_path) == "mean"
+def test_modules_without_pooling_are_refused(tmp_path: Path) -> None:
+    """A modules.json with no Pooling module (token vectors, or modules in an order kembed
+    does not run) is refused, never served as mean pooling."""
+    transformer = {
+        "idx": 0,
+        "name": "0",
+        "path": "",
+        "type": "sentence_transformers.models.Transformer",
+    }
+    (tmp_path / "modules.json").write_text(json.dumps([transformer]))
+    with pytest.raises(ValueError, match="no Pooling module"):
+        read_pooling_mode(tmp_path)
+    dense = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Dense"}
+    (tmp_path / "modules.json").write_text(json.dumps([dense]))
+    with pytest.raises(ValueError, match="not supported"):
+        read_pooling_mode(tmp_path)

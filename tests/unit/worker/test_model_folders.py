@@ -1,0 +1,210 @@
+"""sentence-transformers folders as sentence-transformers runs them: the module stack (Dense,
+Normalize, truncate_dim), both folder formats (5 and 6), T5's encoder, RoBERTa's window,
+and a clear refusal for anything kembed does not run. Tiny random-weight models built
+here (tests/support/tiny_models.py), each held to ``SentenceTransformer(dir).encode``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loadtest.data import stsb_sentences
+from tests.support.tiny_models import (
+    bert_dense_st6,
+    bert_st5,
+    t5_encoder,
+    write_modules,
+    xlmr_plain,
+)
+from worker.encoder.folder import UnsupportedModelError, read_folder, usable_positions
+from worker.encoder.torch_backend import TorchEncoder
+from worker.tokenization import TextTokenizer
+
+SHORT = ["A man is playing a guitar.", "一个女孩正在梳头。", "Kafka keeps an ordered log."]
+
+
+@pytest.fixture(scope="module")
+def sentences() -> list[str]:
+    return stsb_sentences("en")[:2000]
+
+
+@pytest.fixture(scope="module")
+def texts(sentences: list[str]) -> list[str]:
+    """Mixed lengths in one batch, some over every window here (padding and truncation)."""
+    long = " ".join(sentences[:40])
+    return [*SHORT, sentences[100], long, " ".join(sentences[200:206]), long[::-1]]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+def _kembed(path: Path, texts: list[str], prompt: str = "") -> np.ndarray:
+    encoder = TorchEncoder(path, "m")
+    tokenizer = TextTokenizer.from_model_dir(path, encoder.info.max_seq_length)
+    ids = [t.ids for t in tokenizer.encode([prompt + text for text in texts])]
+    vectors = encoder.encode(ids)
+    assert vectors.shape == (len(texts), encoder.info.dim)
+    return vectors
+
+
+def _reference(path: Path, texts: list[str], prompt_name: str | None = None) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(path), device="cpu")
+    return np.asarray(model.encode(texts, convert_to_numpy=True, prompt_name=prompt_name))
+
+
+def _min_cos(a: np.ndarray, b: np.ndarray) -> float:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return float((a * b).sum(axis=1).min())
+
+
+def test_a_sentence_transformers_6_folder_runs_its_dense_and_normalize(
+    root: Path, model_dir: Path, texts: list[str]
+) -> None:
+    """Version 6's folder: ``pooling_mode``, the limit in tokenizer_config.json, Dense and
+    Normalize modules: the vectors are sentence-transformers' (in direction: the request's
+    ``normalize`` is the Normalize module), of the Dense layer's size."""
+    path = bert_dense_st6(root, model_dir)
+    folder = read_folder(path)
+    assert (folder.pooling, len(folder.dense), folder.normalize) == ("cls", 1, True)
+    encoder = TorchEncoder(path, "m")
+    assert (encoder.info.dim, encoder.info.max_seq_length) == (24, 64)
+    ours, theirs = _kembed(path, texts), _reference(path, texts)
+    assert theirs.shape == ours.shape
+    assert _min_cos(ours, theirs) >= 0.9999
+    assert not np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-3)  # before Normalize
+    prompted = _kembed(path, texts, prompt="query: ")
+    assert _min_cos(prompted, _reference(path, texts, prompt_name="query")) >= 0.9999
+
+
+def test_a_sentence_transformers_5_folder_reads_its_flags_limit_and_bin_weights(
+    root: Path, model_dir: Path, texts: list[str]
+) -> None:
+    """Version 5's folder (``pooling_mode_*`` flags, ``max_seq_length`` in
+    sentence_bert_config.json, pytorch_model.bin Dense weights, GELU, no bias)."""
+    path = bert_st5(root, model_dir)
+    encoder = TorchEncoder(path, "m")
+    assert (encoder.info.pooling, encoder.info.dim, encoder.info.max_seq_length) == ("max", 20, 48)
+    assert _min_cos(_kembed(path, texts), _reference(path, texts)) >= 0.9999
+
+
+def test_truncate_dim_cuts_the_vectors_as_sentence_transformers_does(
+    root: Path, model_dir: Path, texts: list[str]
+) -> None:
+    path = bert_dense_st6(root, model_dir, truncate_dim=8)
+    assert read_folder(path).truncate_dim == 8
+    ours, theirs = _kembed(path, texts), _reference(path, texts)
+    assert ours.shape == theirs.shape == (len(texts), 8)
+    assert _min_cos(ours, theirs) >= 0.9999
+
+
+def test_a_t5_model_runs_its_encoder_alone(root: Path, model_dir: Path, texts: list[str]) -> None:
+    """A T5 folder (encoder and decoder weights) runs as its encoder, mean-pooled, through
+    a bias-free Dense and Normalize: sentence-t5's stack."""
+    path = t5_encoder(root, model_dir)
+    encoder = TorchEncoder(path, "m")
+    assert (encoder.info.dim, encoder.info.max_seq_length) == (16, 64)
+    assert _min_cos(_kembed(path, texts), _reference(path, texts)) >= 0.9999
+
+
+def test_xlm_roberta_without_sentence_transformers_files_uses_its_usable_window(
+    root: Path, sentences: list[str], texts: list[str]
+) -> None:
+    """RoBERTa numbers positions from pad_token_id + 1: 66 positions hold 64 tokens. An
+    over-long text is cut there and runs (taking 66 indexed past the table); the vectors
+    equal sentence-transformers' at that window."""
+    from sentence_transformers import SentenceTransformer
+
+    path = xlmr_plain(root, sentences, positions=66)
+    encoder = TorchEncoder(path, "m")
+    assert (encoder.info.pooling, encoder.info.max_seq_length) == ("mean", 64)
+    reference = SentenceTransformer(str(path), device="cpu")
+    reference.max_seq_length = 64
+    theirs = np.asarray(reference.encode(texts, convert_to_numpy=True))
+    assert _min_cos(_kembed(path, texts), theirs) >= 0.9999
+
+
+@pytest.mark.parametrize(
+    ("config", "usable"),
+    [
+        ({"model_type": "xlm-roberta", "max_position_embeddings": 514, "pad_token_id": 1}, 512),
+        ({"model_type": "roberta", "max_position_embeddings": 514, "pad_token_id": 1}, 512),
+        ({"model_type": "bert", "max_position_embeddings": 512, "pad_token_id": 0}, 512),
+        ({"model_type": "modernbert", "max_position_embeddings": 8192}, 8192),
+        ({"model_type": "t5"}, None),
+    ],
+)
+def test_usable_positions_per_family(config: dict[str, object], usable: int | None) -> None:
+    assert usable_positions(config) == usable
+
+
+def _folder_with(tmp_path: Path, model_dir: Path, modules: list[tuple[str, str]]) -> Path:
+    path = tmp_path / "model"
+    shutil.copytree(model_dir, path)
+    write_modules(path, modules)
+    return path
+
+
+TRANSFORMER = ("sentence_transformers.models.Transformer", "")
+POOLING = ("sentence_transformers.models.Pooling", "1_Pooling")
+
+
+@pytest.mark.parametrize(
+    ("modules", "message"),
+    [
+        ([TRANSFORMER, POOLING, ("sentence_transformers.models.LayerNorm", "2")], "LayerNorm"),
+        ([TRANSFORMER, ("pylate.models.Dense.Dense", "1_Dense")], "ColBERT-style"),
+        ([TRANSFORMER], "no Pooling module"),
+        ([TRANSFORMER, ("sentence_transformers.models.Dense", "2"), POOLING], "order"),
+        ([("sentence_transformers.models.StaticEmbedding", "0")], "StaticEmbedding"),
+    ],
+)
+def test_a_module_kembed_does_not_run_is_refused_by_name(
+    tmp_path: Path, model_dir: Path, modules: list[tuple[str, str]], message: str
+) -> None:
+    path = _folder_with(tmp_path, model_dir, modules)
+    with pytest.raises(UnsupportedModelError, match=message) as caught:
+        TorchEncoder(path, "m")
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"config_sentence_transformers.json": {"model_type": "SparseEncoder"}}, "sparse"),
+        ({"config_sentence_transformers.json": {"model_type": "MultiVectorEncoder"}}, "multi"),
+        ({"config.json": {"architectures": ["HF_ColBERT"]}}, "ColBERT-style"),
+        ({"1_Pooling/config.json": {"pooling_mode": "weightedmean"}}, "weightedmean"),
+        ({"1_Pooling/config.json": {"pooling_mode": ["cls", "mean"]}}, "unsupported pooling"),
+        ({"config_sentence_transformers.json": {"truncate_dim": 0}}, "truncate_dim"),
+    ],
+)
+def test_a_model_type_or_setting_kembed_does_not_serve_is_refused(
+    tmp_path: Path, model_dir: Path, change: dict[str, dict[str, object]], message: str
+) -> None:
+    path = tmp_path / "model"
+    shutil.copytree(model_dir, path)
+    for name, values in change.items():
+        file = path / name
+        config = json.loads(file.read_text()) if file.is_file() else {}
+        file.write_text(json.dumps({**config, **values}))
+    with pytest.raises(UnsupportedModelError, match=message):
+        read_folder(path)
+
+
+def test_the_bundled_model_reads_as_before(model_dir: Path) -> None:
+    folder = read_folder(model_dir)
+    assert (folder.pooling, folder.dense, folder.normalize, folder.max_seq_length) == (
+        "mean",
+        (),
+        True,
+        256,
+    )
