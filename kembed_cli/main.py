@@ -6,6 +6,7 @@
     kembed ingest FILE.jsonl [...]     submit documents to the bulk lane (answers to --reply-to)
     kembed status [--json]             the consumer group: members, assignment, lag
     kembed models [--json]             the models live workers announce (the catalog)
+    kembed models check DIR            prove a model folder against sentence-transformers
     kembed sink --target URI [...]     upsert results into pgvector or Milvus (sink/)
     kembed gateway [--flag value ...]  OpenAI- and TEI-shaped HTTP APIs (gateway/)
     kembed topics create|check [...]   create or check the fleet's topics

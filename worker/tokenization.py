@@ -7,11 +7,12 @@ publishing meanwhile.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding, Tokenizer, normalizers
 
 from schemas import Token
 
@@ -71,7 +72,13 @@ class TextTokenizer:
         path = model_dir / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"{model_dir} has no tokenizer.json (a fast tokenizer)")
-        return cls(Tokenizer.from_file(str(path)), max_length, direction)
+        tokenizer = Tokenizer.from_file(str(path))
+        if _lower_cases(model_dir):
+            # sentence-transformers lower-cases before the tokenizer's own normalizer.
+            current = tokenizer.normalizer
+            rest = [] if current is None else [current]
+            tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *rest])
+        return cls(tokenizer, max_length, direction)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -284,3 +291,13 @@ def _precut(text: str, side: str, limit: int) -> str:
 def _overflow(encoding: Encoding) -> int:
     """Tokens truncation cut off ``encoding``."""
     return sum(len(part.ids) for part in encoding.overflowing)
+
+
+def _lower_cases(model_dir: Path) -> bool:
+    """Whether sentence-transformers lower-cases this model's inputs:
+    ``sentence_bert_config.json`` ``do_lower_case``."""
+    path = model_dir / "sentence_bert_config.json"
+    if not path.is_file():
+        return False
+    config = json.loads(path.read_text())
+    return isinstance(config, dict) and config.get("do_lower_case") is True

@@ -21,6 +21,7 @@ __all__ = [
     "bert_st5",
     "t5_encoder",
     "unigram_tokenizer_dir",
+    "xlmr_lower_case",
     "xlmr_plain",
     "write_modules",
 ]
@@ -235,4 +236,23 @@ def xlmr_plain(root: Path, sentences: list[str], *, positions: int = 66) -> Path
     )
     XLMRobertaModel(config, add_pooling_layer=False).save_pretrained(target)
     unigram_tokenizer_dir(target, sentences, max_length=None)
+    return target
+
+
+def xlmr_lower_case(root: Path, sentences: list[str]) -> Path:
+    """XLM-RoBERTa (a cased tokenizer) in sentence-transformers 5's layout with
+    ``do_lower_case: true``: sentence-transformers lower-cases every input first."""
+    target = xlmr_plain(root / "lower", sentences, positions=130)
+    _write_json(target / "sentence_bert_config.json", {"max_seq_length": 64, "do_lower_case": True})
+    _write_json(
+        target / "1_Pooling" / "config.json",
+        {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True},
+    )
+    write_modules(
+        target,
+        [
+            ("sentence_transformers.models.Transformer", ""),
+            ("sentence_transformers.models.Pooling", "1_Pooling"),
+        ],
+    )
     return target

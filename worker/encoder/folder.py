@@ -91,7 +91,7 @@ class ModelFolder:
 
     pooling: str = "mean"
     include_prompt: bool = True
-    """False: a prompt's tokens are left out of the pooling (they still attend)."""
+    """Always true: a folder whose Pooling leaves the prompt's tokens out is refused."""
     dense: tuple[DenseLayer, ...] = ()
     normalize: bool = False
     """A ``Normalize`` module ends the stack (the request's ``normalize``: see
@@ -203,8 +203,12 @@ def _pooling(config: dict[str, Any], name: str) -> tuple[str, bool]:
             f"{name}: unsupported pooling {mode!r}; kembed pools "
             f"{', '.join(POOLING_MODES)} (one mode)"
         )
-    include = config.get("include_prompt", True)
-    return str(kembed_mode), include is not False
+    if config.get("include_prompt", True) is False:
+        raise UnsupportedModelError(
+            f"{name}: include_prompt false (a prompt's tokens left out of the pooling) is "
+            "not supported yet"
+        )
+    return str(kembed_mode), True
 
 
 def _dense(where: Path, name: str) -> DenseLayer:

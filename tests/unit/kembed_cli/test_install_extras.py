@@ -134,7 +134,18 @@ def test_all_is_every_runtime_extra() -> None:
     (everything,) = requirements("all")
     assert everything.name == PROJECT["name"]
     assert everything.extras == set(EXTRAS) == {"worker", "sink", "gateway"}
-    assert set(PROJECT["optional-dependencies"]) == {"worker", "sink", "gateway", "all", "dev"}
+    extras = {"worker", "sink", "gateway", "check", "all", "dev"}
+    assert set(PROJECT["optional-dependencies"]) == extras
+
+
+def test_the_check_extra_is_the_worker_and_its_reference() -> None:
+    """``kembed models check`` holds a folder to sentence-transformers: kembed[check] is
+    the worker's extra plus sentence-transformers, which the lock pins."""
+    assert names("check") == {"kembed", "sentence-transformers"}
+    (worker,) = [r for r in requirements("check") if r.name == PROJECT["name"]]
+    assert worker.extras == {"worker"}
+    lock = (ROOT / "requirements.lock").read_text(encoding="utf-8")
+    assert "\nsentence-transformers==" in lock
 
 
 @pytest.mark.parametrize("extra", sorted(EXTRAS))

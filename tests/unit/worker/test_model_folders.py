@@ -18,6 +18,7 @@ from tests.support.tiny_models import (
     bert_st5,
     t5_encoder,
     write_modules,
+    xlmr_lower_case,
     xlmr_plain,
 )
 from worker.encoder.folder import UnsupportedModelError, read_folder, usable_positions
@@ -132,6 +133,18 @@ def test_xlm_roberta_without_sentence_transformers_files_uses_its_usable_window(
     assert _min_cos(_kembed(path, texts), theirs) >= 0.9999
 
 
+def test_do_lower_case_lower_cases_before_the_tokenizer(
+    root: Path, sentences: list[str], texts: list[str]
+) -> None:
+    """``do_lower_case`` in sentence_bert_config.json, with a cased tokenizer: the inputs
+    are lower-cased first, as sentence-transformers does (else "Kafka" and "kafka" differ)."""
+    path = xlmr_lower_case(root, sentences)
+    tokenizer = TextTokenizer.from_model_dir(path, 64)
+    upper, lower = tokenizer.encode(["KAFKA Keeps Logs", "kafka keeps logs"])
+    assert upper.ids == lower.ids
+    assert _min_cos(_kembed(path, texts), _reference(path, texts)) >= 0.9999
+
+
 @pytest.mark.parametrize(
     ("config", "usable"),
     [
@@ -185,6 +198,7 @@ def test_a_module_kembed_does_not_run_is_refused_by_name(
         ({"1_Pooling/config.json": {"pooling_mode": "weightedmean"}}, "weightedmean"),
         ({"1_Pooling/config.json": {"pooling_mode": ["cls", "mean"]}}, "unsupported pooling"),
         ({"config_sentence_transformers.json": {"truncate_dim": 0}}, "truncate_dim"),
+        ({"1_Pooling/config.json": {"include_prompt": False}}, "include_prompt false"),
     ],
 )
 def test_a_model_type_or_setting_kembed_does_not_serve_is_refused(
