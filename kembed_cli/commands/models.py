@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from kembed_cli.common import (
     add_settings_flags,
+    local_models_only,
     quiet_kafka_logs,
     security_options,
     settings_from,
     text_table,
     write_json,
 )
+from kembed_cli.extras import require
 from kembed_shared.settings import KafkaClientSettings
 from schemas.catalog import DEFAULT_CATALOG_TOPIC
 
@@ -149,6 +151,8 @@ def render_models(models: Sequence[CatalogModel]) -> str:
 
 def run_check(model: str, *, as_json: bool) -> int:
     """``kembed models check``: see :data:`CHECK_DESCRIPTION`."""
+    require("models check", "worker")
+    local_models_only()
     from worker.encoder.models import ModelNotFoundError, resolve_model_dir
     from worker.model_check import THRESHOLD, ReferenceMissingError, check_model
     from worker.model_settings import default_name
