@@ -91,6 +91,17 @@ def _unknown_architecture(model_dir: Path, tmp: Path) -> Path:
     return path
 
 
+def _multi_vector(model_dir: Path, tmp: Path) -> Path:
+    """A ColBERT-style folder (PyLate's Dense after the transformer, no Pooling)."""
+    path = _copy(model_dir, tmp / "colbert")
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (path / "modules.json").write_text(json.dumps(modules))
+    return path
+
+
 CASES: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
     # case: (how to make the model path, what the logged cause must say)
     "missing directory": (_missing, "does not exist"),
@@ -98,6 +109,7 @@ CASES: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
     "unreadable directory": (_unreadable, "PermissionError: [Errno 13] Permission denied"),
     "truncated model.safetensors": (_truncated, "SafetensorError"),
     "unknown architecture": (_unknown_architecture, "frobnicator"),
+    "a module kembed does not run": (_multi_vector, "'pylate.models.Dense.Dense'"),
 }
 
 
@@ -161,8 +173,8 @@ def test_a_model_that_cannot_be_loaded_stops_the_worker_before_it_joins(
     tmp_path: Path,
 ) -> None:
     """A worker whose model is missing, not a directory, unreadable (mode 000, read by a
-    process without root's file-access override), has truncated weights, or names an
-    architecture transformers does not know: it logs exactly one error, model.load_failed
+    process without root's file-access override), has truncated weights, names an
+    architecture transformers does not know, or lists a module kembed does not run: it logs exactly one error, model.load_failed
     naming the path and the cause, exits with status 2, never answers /ready with 200, and
     no member ever joins its consumer group."""
     make_path, cause = CASES[case]
