@@ -174,9 +174,9 @@ def test_a_model_that_cannot_be_loaded_stops_the_worker_before_it_joins(
 ) -> None:
     """A worker whose model is missing, not a directory, unreadable (mode 000, read by a
     process without root's file-access override), has truncated weights, names an
-    architecture transformers does not know, or lists a module kembed does not run: it logs exactly one error, model.load_failed
-    naming the path and the cause, exits with status 2, never answers /ready with 200, and
-    no member ever joins its consumer group."""
+    architecture transformers does not know, or lists a module kembed does not run: it logs
+    exactly one error, model.load_failed naming the path and the cause, exits with status 2,
+    never answers /ready with 200, and no member ever joins its consumer group."""
     make_path, cause = CASES[case]
     path = make_path(model_dir, tmp_path)
     group = f"fatal-{TAG}-{uuid.uuid4().hex[:6]}"

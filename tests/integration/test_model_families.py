@@ -25,6 +25,9 @@ from tests.conftest import WorkerProcess
 from tests.support.tiny_models import (
     bert_dense_st6,
     bert_st5,
+    modernbert,
+    mpnet,
+    qwen3_decoder,
     t5_encoder,
     xlmr_lower_case,
     xlmr_plain,
@@ -68,6 +71,9 @@ def folders(
         "t5": t5_encoder(root, model_dir),
         "xlmr": xlmr_plain(root, sentences, positions=66),
         "xlmr-lower": xlmr_lower_case(root, sentences),
+        "mpnet": mpnet(root, sentences),
+        "modernbert": modernbert(root, model_dir),
+        "qwen3": qwen3_decoder(root, sentences),
     }
 
 
@@ -81,6 +87,11 @@ SERVED: dict[str, tuple[str, str, str | None]] = {
     "xlmr": ("xlmr", "right", None),
     "xlmr-left": ("xlmr", "left", None),
     "xlmr-lower": ("xlmr-lower", "right", None),
+    "mpnet": ("mpnet", "right", None),
+    "modernbert": ("modernbert", "right", None),
+    "qwen3": ("qwen3", "right", None),
+    "qwen3-query": ("qwen3", "right", "query"),
+    "qwen3-left": ("qwen3", "left", None),
 }
 
 

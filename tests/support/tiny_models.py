@@ -1,11 +1,12 @@
 """Tiny random-weight models of each family, built offline in sentence-transformers' folder
 layout, for tests that hold kembed to ``SentenceTransformer(dir).encode``.
 
-Tokenizers: the BERT-shaped and T5 models use the bundled model's WordPiece tokenizer
-(30,522 ids, ``[PAD]`` = 0, which T5's pad id 0 agrees with); the XLM-RoBERTa model a
-Unigram tokenizer trained here on STS-B sentences, with RoBERTa's special ids (``<s>`` 0,
-``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3), so its positions start after padding index 1 as a
-real XLM-R's do.
+Tokenizers: the BERT-shaped, ModernBERT and T5 models use the bundled model's WordPiece
+tokenizer (30,522 ids, ``[PAD]`` = 0, which their pad ids agree with); the XLM-RoBERTa and
+MPNet models a Unigram tokenizer trained here on STS-B sentences, with RoBERTa's special
+ids (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3), so their positions start after
+padding index 1 as real ones do; the Qwen3-shaped decoder a byte-level BPE trained here,
+which appends its EOS and pads on the left.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import torch
 __all__ = [
     "bert_dense_st6",
     "bert_st5",
+    "modernbert",
+    "mpnet",
+    "qwen3_decoder",
     "t5_encoder",
     "unigram_tokenizer_dir",
     "xlmr_lower_case",
@@ -254,5 +258,138 @@ def xlmr_lower_case(root: Path, sentences: list[str]) -> Path:
             ("sentence_transformers.models.Transformer", ""),
             ("sentence_transformers.models.Pooling", "1_Pooling"),
         ],
+    )
+    return target
+
+
+def _st_folder(target: Path, pooling: str, *, max_seq_length: int, prompts: dict[str, str]) -> None:
+    """Version 5's sentence-transformers files around a saved transformer: ``pooling``."""
+    _write_json(target / "sentence_bert_config.json", {"max_seq_length": max_seq_length})
+    _write_json(
+        target / "1_Pooling" / "config.json", {"embedding_dimension": 32, "pooling_mode": pooling}
+    )
+    write_modules(
+        target,
+        [
+            ("sentence_transformers.models.Transformer", ""),
+            ("sentence_transformers.models.Pooling", "1_Pooling"),
+            ("sentence_transformers.models.Normalize", "2_Normalize"),
+        ],
+    )
+    _write_json(target / "config_sentence_transformers.json", {"prompts": prompts})
+
+
+def mpnet(root: Path, sentences: list[str]) -> Path:
+    """MPNet (all-mpnet-base-v2's shape: mean pooling, Normalize), the Unigram tokenizer
+    (MPNet numbers positions from its padding index 1, as RoBERTa does)."""
+    from transformers import MPNetConfig, MPNetModel
+
+    target = root / "mpnet"
+    torch.manual_seed(SEED + 6)
+    config = MPNetConfig(
+        vocab_size=600,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+    )
+    MPNetModel(config, add_pooling_layer=False).save_pretrained(target)
+    unigram_tokenizer_dir(target, sentences, max_length=None)
+    _st_folder(target, "mean", max_seq_length=64, prompts={})
+    return target
+
+
+def modernbert(root: Path, bundled: Path) -> Path:
+    """ModernBERT (gte-modernbert's shape: CLS pooling, Normalize; rotary positions, no
+    offset), the bundled WordPiece tokenizer."""
+    from transformers import AutoTokenizer, ModernBertConfig, ModernBertModel
+
+    target = root / "modernbert"
+    torch.manual_seed(SEED + 7)
+    config = ModernBertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=101,
+        eos_token_id=102,
+        cls_token_id=101,
+        sep_token_id=102,
+    )
+    ModernBertModel(config).save_pretrained(target)
+    AutoTokenizer.from_pretrained(bundled).save_pretrained(target)
+    _st_folder(target, "cls", max_seq_length=64, prompts={})
+    return target
+
+
+def qwen3_decoder(root: Path, sentences: list[str]) -> Path:
+    """A Qwen3-Embedding-shaped decoder: last-token pooling, an EOS the tokenizer appends,
+    left padding in its tokenizer config, an instruction prompt for queries. Tokenizer: a
+    byte-level BPE trained here on STS-B sentences."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers.trainers import BpeTrainer
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+
+    target = root / "qwen3"
+    eos = "<|endoftext|>"
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=700,
+        special_tokens=[eos],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(sentences, trainer)
+    eos_id = tokenizer.token_to_id(eos)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, eos_id)]
+    )
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tokenizer,
+        eos_token=eos,
+        pad_token=eos,
+        padding_side="left",
+        model_max_length=64,
+    )
+    fast.save_pretrained(target)
+    torch.manual_seed(SEED + 8)
+    config = Qwen3Config(
+        vocab_size=700,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=256,
+        pad_token_id=eos_id,
+        eos_token_id=eos_id,
+        bos_token_id=eos_id,
+    )
+    Qwen3Model(config).save_pretrained(target)
+    instruction = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
+    write_modules(
+        target,
+        [
+            ("sentence_transformers.models.Transformer", ""),
+            ("sentence_transformers.models.Pooling", "1_Pooling"),
+            ("sentence_transformers.models.Normalize", "2_Normalize"),
+        ],
+    )
+    _write_json(
+        target / "1_Pooling" / "config.json",
+        {"embedding_dimension": 32, "pooling_mode": "lasttoken"},
+    )
+    _write_json(
+        target / "config_sentence_transformers.json",
+        {"prompts": {"query": instruction, "document": ""}, "default_prompt_name": None},
     )
     return target

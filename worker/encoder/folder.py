@@ -60,7 +60,14 @@ DENSE_ACTIVATIONS = ("Identity", "Tanh", "Sigmoid", "ReLU", "GELU", "SiLU")
 _TORCH_PREFIXES = ("torch.nn.", "torch.nn.modules.activation.", "torch.nn.modules.linear.")
 
 _MODULE_KINDS = ("Transformer", "Pooling", "Dense", "Normalize")
-_ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert", "xlm-roberta-xl", "data2vec-text")
+_ROBERTA_FAMILY = (
+    "roberta",
+    "xlm-roberta",
+    "xlm-roberta-xl",
+    "camembert",
+    "data2vec-text",
+    "mpnet",
+)
 _TYPE_NAMES = {
     "SparseEncoder": "a sparse encoder (SPLADE-style)",
     "MultiVectorEncoder": "a multi-vector encoder (ColBERT-style)",
@@ -157,7 +164,8 @@ def read_folder(model_dir: Path) -> ModelFolder:
 def usable_positions(config: dict[str, Any]) -> int | None:
     """How many tokens the position embeddings of ``config`` (``config.json``) can place;
     None when the model has no such limit (T5's relative positions). RoBERTa-family models
-    number positions from ``pad_token_id + 1``, so 514 positions hold 512 tokens."""
+    (and MPNet) number positions from ``pad_token_id + 1``, so 514 positions hold 512
+    tokens."""
     positions = config.get("max_position_embeddings", config.get("n_positions"))
     if not isinstance(positions, int) or positions <= 0:
         return None

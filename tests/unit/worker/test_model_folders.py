@@ -16,6 +16,9 @@ from loadtest.data import stsb_sentences
 from tests.support.tiny_models import (
     bert_dense_st6,
     bert_st5,
+    modernbert,
+    mpnet,
+    qwen3_decoder,
     t5_encoder,
     write_modules,
     xlmr_lower_case,
@@ -222,3 +225,26 @@ def test_the_bundled_model_reads_as_before(model_dir: Path) -> None:
         True,
         256,
     )
+
+
+@pytest.mark.parametrize("family", ["mpnet", "modernbert", "qwen3"])
+def test_mpnet_modernbert_and_a_qwen3_decoder_equal_sentence_transformers(
+    family: str, root: Path, model_dir: Path, sentences: list[str], texts: list[str]
+) -> None:
+    """MPNet (positions after its padding index), ModernBERT (CLS), and a Qwen3-shaped
+    decoder (last-token pooling, the EOS its tokenizer appends, left padding in
+    sentence-transformers and right padding in kembed: rotary positions make them agree),
+    with and without the decoder's instruction prompt."""
+    if family == "modernbert":
+        path = modernbert(root, model_dir)
+    else:
+        path = (mpnet if family == "mpnet" else qwen3_decoder)(root, sentences)
+    encoder = TorchEncoder(path, "m")
+    assert encoder.info.max_seq_length == 64
+    assert _min_cos(_kembed(path, texts), _reference(path, texts)) >= 0.9999
+    if family == "qwen3":
+        assert encoder.info.pooling == "lasttoken"
+        prompt = json.loads((path / "config_sentence_transformers.json").read_text())
+        query = prompt["prompts"]["query"]
+        ours = _kembed(path, texts, prompt=query)
+        assert _min_cos(ours, _reference(path, texts, prompt_name="query")) >= 0.9999
