@@ -153,6 +153,7 @@ def test_do_lower_case_lower_cases_before_the_tokenizer(
     [
         ({"model_type": "xlm-roberta", "max_position_embeddings": 514, "pad_token_id": 1}, 512),
         ({"model_type": "roberta", "max_position_embeddings": 514, "pad_token_id": 1}, 512),
+        ({"model_type": "mpnet", "max_position_embeddings": 514, "pad_token_id": 1}, 512),
         ({"model_type": "bert", "max_position_embeddings": 512, "pad_token_id": 0}, 512),
         ({"model_type": "modernbert", "max_position_embeddings": 8192}, 8192),
         ({"model_type": "t5"}, None),
