@@ -18,8 +18,10 @@ from typing import Any
 import torch
 
 __all__ = [
+    "SIZE",
     "bert_dense_st6",
     "bert_st5",
+    "family_texts",
     "modernbert",
     "mpnet",
     "qwen3_decoder",
@@ -31,6 +33,29 @@ __all__ = [
 ]
 
 SEED = 1234
+SIZE: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+}
+"""Every encoder's size here: 2 layers of 32 units."""
+
+
+def family_texts(sentences: list[str]) -> list[str]:
+    """Mixed lengths in one batch (padding matters), several scripts, and texts over every
+    window here, with different beginnings and ends (the truncation side matters)."""
+    long = " ".join(sentences[:40])
+    return [
+        "A man is playing a guitar.",
+        "一个女孩正在梳头。",
+        "Быстрая коричневая лиса.",
+        "Kafka keeps an ordered log.",
+        sentences[100],
+        long,
+        " ".join(sentences[200:206]),
+        " ".join(reversed(sentences[300:340])),
+    ]
 
 
 def _bert(path: Path, bundled: Path, positions: int = 128) -> None:
@@ -39,10 +64,7 @@ def _bert(path: Path, bundled: Path, positions: int = 128) -> None:
     torch.manual_seed(SEED)
     config = BertConfig(
         vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
+        **SIZE,
         max_position_embeddings=positions,
     )
     BertModel(config, add_pooling_layer=False).save_pretrained(path)
@@ -229,10 +251,7 @@ def xlmr_plain(root: Path, sentences: list[str], *, positions: int = 66) -> Path
     torch.manual_seed(SEED + 5)
     config = XLMRobertaConfig(
         vocab_size=600,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
+        **SIZE,
         max_position_embeddings=positions,
         pad_token_id=1,
         bos_token_id=0,
@@ -288,10 +307,7 @@ def mpnet(root: Path, sentences: list[str]) -> Path:
     torch.manual_seed(SEED + 6)
     config = MPNetConfig(
         vocab_size=600,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
+        **SIZE,
         max_position_embeddings=130,
         pad_token_id=1,
         bos_token_id=0,
@@ -312,10 +328,7 @@ def modernbert(root: Path, bundled: Path) -> Path:
     torch.manual_seed(SEED + 7)
     config = ModernBertConfig(
         vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
+        **SIZE,
         max_position_embeddings=128,
         pad_token_id=0,
         bos_token_id=101,
@@ -363,12 +376,9 @@ def qwen3_decoder(root: Path, sentences: list[str]) -> Path:
     torch.manual_seed(SEED + 8)
     config = Qwen3Config(
         vocab_size=700,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
+        **SIZE,
         num_key_value_heads=1,
         head_dim=16,
-        intermediate_size=64,
         max_position_embeddings=256,
         pad_token_id=eos_id,
         eos_token_id=eos_id,

@@ -16,6 +16,7 @@ from loadtest.data import stsb_sentences
 from tests.support.tiny_models import (
     bert_dense_st6,
     bert_st5,
+    family_texts,
     modernbert,
     mpnet,
     qwen3_decoder,
@@ -28,8 +29,6 @@ from worker.encoder.folder import UnsupportedModelError, read_folder, usable_pos
 from worker.encoder.torch_backend import TorchEncoder
 from worker.tokenization import TextTokenizer
 
-SHORT = ["A man is playing a guitar.", "一个女孩正在梳头。", "Kafka keeps an ordered log."]
-
 
 @pytest.fixture(scope="module")
 def sentences() -> list[str]:
@@ -38,9 +37,7 @@ def sentences() -> list[str]:
 
 @pytest.fixture(scope="module")
 def texts(sentences: list[str]) -> list[str]:
-    """Mixed lengths in one batch, some over every window here (padding and truncation)."""
-    long = " ".join(sentences[:40])
-    return [*SHORT, sentences[100], long, " ".join(sentences[200:206]), long[::-1]]
+    return family_texts(sentences)
 
 
 @pytest.fixture(scope="module")
