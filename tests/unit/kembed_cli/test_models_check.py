@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kembed_cli.commands.models import run_check
 from tests.support.cli import run_kembed
 from tests.support.tiny_models import bert_dense_st6, write_modules
 from worker import model_check
@@ -36,13 +37,16 @@ def test_a_folder_kembed_serves_as_sentence_transformers_does_passes(
     assert all(t["tokens"] == 64 for t in over)
 
 
-def test_the_table_names_each_text_and_the_verdict(model_dir: Path) -> None:
-    done = run_kembed("models", "check", "sentence-transformers/all-MiniLM-L6-v2", timeout=300)
-    assert done.returncode == 0, done.stderr
-    first, *rows = done.stdout.strip().splitlines()
-    assert first.startswith("sentence-transformers/all-MiniLM-L6-v2: dim 384, window 256")
+def test_the_table_names_each_text_and_the_verdict(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The table (run in this process: the JSON test above runs the command's own)."""
+    path = bert_dense_st6(tmp_path, model_dir)
+    assert run_check(str(path), as_json=False) == 0
+    first, *rows = capsys.readouterr().out.strip().splitlines()
+    assert first.startswith(f"{path.name}: dim 24, window 64 tokens, pooling cls")
     assert rows[-1].startswith("passed: the lowest cosine is")
-    assert sum(" ok" in row for row in rows) == len(check_texts()) + 1
+    assert sum(" ok" in row for row in rows) == 3 * (len(check_texts()) + 1)
 
 
 def test_a_folder_kembed_refuses_exits_2_with_one_line(tmp_path: Path, model_dir: Path) -> None:
