@@ -46,9 +46,12 @@ class FixedEncoder:
         self._rows = np.tile(row / np.linalg.norm(row), (1, 1))
 
     def prepare(
-        self, batch: Sequence[Sequence[int]], segments: Sequence[int] | None = None
+        self,
+        batch: Sequence[Sequence[int]],
+        segments: Sequence[int] | None = None,
+        pooled_from: Sequence[int] | None = None,
     ) -> Prepared:
-        return Prepared.pad(batch, self._pad_id, segments)
+        return Prepared.pad(batch, self._pad_id, segments, pooled_from)
 
     def run(self, prepared: Prepared) -> npt.NDArray[np.float32]:
         rows = prepared.rows

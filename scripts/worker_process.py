@@ -49,6 +49,26 @@ class WorkerProcess:
         args = [module, *(["worker"] if module == "kembed_cli" else [])]
         self._run(args, bootstrap_servers, log_path, env, preexec_fn)
 
+    @classmethod
+    def serving(
+        cls, bootstrap_servers: str, log_path: Path, topics: tuple[str, str], **settings: Any
+    ) -> WorkerProcess:
+        """A ready fp32 worker that reads only ``topics[0]`` (no bulk topic) and answers on
+        ``topics[1]``, in a consumer group of its own (``<requests topic>.group``) unless
+        ``settings`` name one."""
+        requests, results = topics
+        options: dict[str, Any] = {
+            "dtype": "float32",
+            "bulk_topic": "",
+            "group_id": f"{requests}.group",
+            **settings,
+        }
+        process = cls(
+            bootstrap_servers, log_path, requests_topic=requests, results_topic=results, **options
+        )
+        process.wait_ready()
+        return process
+
     def _run(
         self,
         args: Sequence[str],

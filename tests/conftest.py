@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from loadtest.data import StsPair, load_stsb
+from loadtest.data import StsPair, load_stsb, stsb_sentences
 from schemas import EmbedRequest, decode_request
 from scripts.kafka_local import LocalKafka
 from scripts.pg_local import LocalPostgres
 from scripts.worker_process import ROOT, WorkerProcess
+from tests.support.tiny_models import family_texts
 
 if TYPE_CHECKING:
     from worker.settings import WorkerSettings
@@ -99,6 +100,18 @@ def reference_model(model_dir: Path) -> Any:
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(model_dir), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def family_sentences() -> list[str]:
+    """2,000 English STS-B sentences: what the tiny models' own tokenizers are trained on."""
+    return stsb_sentences("en")[:2000]
+
+
+@pytest.fixture(scope="session")
+def family_mix(family_sentences: list[str]) -> list[str]:
+    """The mixed texts every tiny model family is held to sentence-transformers on."""
+    return family_texts(family_sentences)
 
 
 @pytest.fixture(scope="session")

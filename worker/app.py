@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
@@ -224,6 +225,9 @@ async def _load_and_run(
                 log.error("quality_gate.failed", **fields)
                 raise QualityGateFailedError(f"{spec.served_name()}: {report.summary()}")
             log.info("quality_gate.passed", **fields)
+    if settings.model_check:
+        probes.phase = "validating"
+        await loop.run_in_executor(None, check_models, models)
     cache = await loop.run_in_executor(None, open_cache, settings, models, metrics)
     info["cache"] = {"max_bytes": settings.cache_bytes, "persisted": cache.persisted}
     try:
@@ -381,6 +385,31 @@ def _load_failed(spec: ModelSpec, phase: str, error: Exception) -> ModelLoadErro
 
 class QualityGateFailedError(RuntimeError):
     """The configured precision failed the quality gate; the worker does not start."""
+
+
+def check_models(models: Sequence[ServedModel]) -> None:
+    """``kembed models check`` on each embedding model's folder (``model_check``):
+    QualityGateFailedError if a text falls short, ModelLoadError without the reference."""
+    from worker.model_check import THRESHOLD, ReferenceMissingError, check_model
+
+    for model in (m for m in models if m.kind == Kind.EMBED):
+        try:
+            info = model.encoder.info
+            side = model.tokenizer.direction
+            report = check_model(info.path, model.name, pooling=info.pooling, direction=side)
+        except ReferenceMissingError as exc:
+            log.error("model_check.failed", model=model.name, cause=str(exc))
+            raise ModelLoadError(f"{model.name}: {exc}") from None
+        except Exception as exc:  # the reference could not embed the folder
+            log.error("model_check.failed", model=model.name, **error_fields(exc))
+            raise ModelLoadError(f"{model.name}: model check could not run: {exc}") from exc
+        worst = report.worst
+        fields = {"model": model.name, "texts": len(report.texts), "worst": worst.label}
+        fields |= {"worst_cosine": round(worst.cosine, 7), "threshold": THRESHOLD}
+        if not report.passed:
+            log.error("model_check.failed", **fields)
+            raise QualityGateFailedError(f"{model.name}: model check failed on {worst.label}")
+        log.info("model_check.passed", **fields)
 
 
 def run_quality_gate(settings: WorkerSettings) -> QualityReport:

@@ -96,26 +96,33 @@ def check_texts() -> list[tuple[str, str]]:
     return [(entry["label"], entry["text"]) for entry in json.loads(raw)]
 
 
-def check_model(model_dir: Path, name: str | None = None) -> CheckReport:
-    """Embed the shipped texts with kembed and with sentence-transformers; see the module."""
+def check_model(
+    model_dir: Path, name: str | None = None, pooling: str = "auto", direction: str = "right"
+) -> CheckReport:
+    """Embed the shipped texts with kembed and with sentence-transformers; see the module.
+    ``pooling`` and ``direction`` (the truncation side): the worker's settings, so that a
+    worker checks the model as it serves it (sentence-transformers cuts at that side too)."""
     from worker.encoder.torch_backend import TorchEncoder
 
-    encoder = TorchEncoder(model_dir, name or model_dir.name, device="cpu", dtype="float32")
+    encoder = TorchEncoder(
+        model_dir, name or model_dir.name, device="cpu", dtype="float32", pooling=pooling
+    )
     info = encoder.info
-    tokenizer = TextTokenizer.from_model_dir(model_dir, info.max_seq_length)
+    tokenizer = TextTokenizer.from_model_dir(model_dir, info.max_seq_length, direction)
     texts = check_texts()
     longest = max(texts, key=lambda entry: len(entry[1]))[1]
     over = longest
     while len(tokenizer.encode([over])[0].ids) < info.max_seq_length:
         over = f"{over} {longest}"
     texts.append(("over the window", f"{over} {longest}"))
-    reference = _reference(model_dir)
+    reference = _reference(model_dir, info.max_seq_length, direction)
     prompts, default = read_prompts(model_dir)
     checks: list[TextCheck] = []
     for prompt_name in [None, *[p for p in prompts if p != default]]:
         prompt = prompts.get(prompt_name or default or "", "")
         tokenized = tokenizer.encode([prompt + text for _, text in texts])
-        ours = encoder.encode([t.ids for t in tokenized])
+        skip = None if info.include_prompt else [tokenizer.prompt_length(prompt)] * len(texts)
+        ours = encoder.run(encoder.prepare([t.ids for t in tokenized], pooled_from=skip))
         theirs = reference([text for _, text in texts], prompt_name)
         cosines = _cosines(ours, theirs)
         checks.extend(
@@ -129,14 +136,22 @@ class ReferenceMissingError(RuntimeError):
     """sentence-transformers is not installed."""
 
 
-def _reference(model_dir: Path) -> _Reference:
+def _reference(model_dir: Path, window: int, direction: str) -> _Reference:
+    """sentence-transformers on the folder, cutting at ``direction``. A folder that sets no
+    length limit its positions can hold (a plain Hugging Face folder whose tokenizer says
+    none) runs at kembed's ``window``: sentence-transformers itself would index past the
+    position table on the over-long text."""
     try:
         from sentence_transformers import SentenceTransformer
     except ModuleNotFoundError:
         raise ReferenceMissingError(
             "kembed models check compares with sentence-transformers: pip install 'kembed[check]'"
         ) from None
-    return _Reference(SentenceTransformer(str(model_dir), device="cpu"))
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    if model.max_seq_length is None or model.max_seq_length > window:
+        model.max_seq_length = window
+    model.tokenizer.truncation_side = direction
+    return _Reference(model)
 
 
 class _Reference:

@@ -148,6 +148,13 @@ class ModelFields(BaseModel):
         description="Before joining the group, run the quality gate (`kembed validate`) on "
         "this model, dtype and quantization, and refuse to start (exit 3) if it fails.",
     )
+    model_check: bool = Field(
+        False,
+        description="Before joining the group, prove each embedding model's folder as "
+        "`kembed models check` does (kembed and sentence-transformers, fp32 on the CPU, "
+        "cos >= 0.9999 on every shipped text) and refuse to start (exit 3) if any text "
+        "falls short. Needs sentence-transformers (`kembed[check]`; exit 2 without it).",
+    )
     quality_gate_pairs: str | None = Field(
         None,
         description="CSV of reference pairs (text1,text2,gold score) for the gate; default "

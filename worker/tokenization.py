@@ -33,7 +33,8 @@ class Tokenized:
     """True when the text was longer than the model's maximum and was cut."""
     segment: int | None = None
     """A pair's first-segment length (the query with its special tokens): the tokens after
-    it have type id 1. None for a single text."""
+    it have type id 1. For a single text of a model whose pooling leaves the prompt out:
+    the prompt's leading tokens (``TextTokenizer.prompt_length``). None otherwise."""
 
 
 class TextTokenizer:
@@ -64,6 +65,7 @@ class TextTokenizer:
         empty = self._untruncated.encode("", add_special_tokens=False)
         self._pair_budget = max_length - self._untruncated.num_special_tokens_to_add(True)
         self._pairs_by_parts = not empty.ids and self._pair_budget >= 1
+        self._prompt_lengths: dict[str, int] = {}
 
     @classmethod
     def from_model_dir(
@@ -79,6 +81,21 @@ class TextTokenizer:
             rest = [] if current is None else [current]
             tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *rest])
         return cls(tokenizer, max_length, direction)
+
+    def prompt_length(self, prompt: str) -> int:
+        """How many leading tokens of ``prompt + text`` are the prompt's, as
+        sentence-transformers counts them for a Pooling that leaves the prompt out: the
+        prompt tokenized alone, special tokens included, less a special token at its end
+        (0 for no prompt)."""
+        if not prompt:
+            return 0
+        if prompt not in self._prompt_lengths:
+            encoding = self._untruncated.encode(prompt, add_special_tokens=True)
+            length = len(encoding.ids)
+            if length and encoding.special_tokens_mask[-1]:
+                length -= 1
+            self._prompt_lengths[prompt] = min(length, self.max_length)
+        return self._prompt_lengths[prompt]
 
     @property
     def tokenizer(self) -> Tokenizer:

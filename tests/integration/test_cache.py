@@ -49,19 +49,14 @@ class CacheWorker:
 
     def _start(self) -> WorkerProcess:
         self.starts += 1
-        process = WorkerProcess(
+        return WorkerProcess.serving(
             self.kafka.bootstrap_servers,
             self.folder / f"worker-{self.starts}.log",
-            dtype="float32",
+            (REQUESTS, RESULTS),
             cache_bytes=64 * 2**20,
             cache_path=str(self.path),
-            requests_topic=REQUESTS,
-            bulk_topic="",
-            results_topic=RESULTS,
             group_id=f"cache-{TAG}",
         )
-        process.wait_ready()
-        return process
 
     def restart(self) -> None:
         assert self.process.stop() == 0
@@ -230,20 +225,9 @@ async def test_chunks_are_cached_as_the_inputs_they_become(
 def _worker(
     kafka: LocalKafka, log: Path, topics: tuple[str, str], **settings: Any
 ) -> WorkerProcess:
-    requests, results = topics
-    process = WorkerProcess(
-        kafka.bootstrap_servers,
-        log,
-        dtype="float32",
-        cache_bytes=16 * 2**20,
-        requests_topic=requests,
-        bulk_topic="",
-        results_topic=results,
-        group_id=f"{requests}.group",
-        **settings,
+    return WorkerProcess.serving(
+        kafka.bootstrap_servers, log, topics, cache_bytes=16 * 2**20, **settings
     )
-    process.wait_ready()
-    return process
 
 
 async def test_a_worker_on_a_read_only_cache_volume_starts_and_serves_from_memory(

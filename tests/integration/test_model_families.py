@@ -18,17 +18,17 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from loadtest.data import stsb_sentences
 from producer_sdk import EmbedClient
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
 from tests.support.tiny_models import (
+    DECODERS,
     bert_dense_st6,
+    bert_instructor,
     bert_st5,
-    family_texts,
+    decoder,
     modernbert,
     mpnet,
-    qwen3_decoder,
     t5_encoder,
     xlmr_lower_case,
     xlmr_plain,
@@ -42,29 +42,20 @@ RESULTS = f"test.families.results.{TAG}"
 
 
 @pytest.fixture(scope="module")
-def sentences() -> list[str]:
-    return stsb_sentences("en")[:2000]
-
-
-@pytest.fixture(scope="module")
-def texts(sentences: list[str]) -> list[str]:
-    return family_texts(sentences)
-
-
-@pytest.fixture(scope="module")
 def folders(
-    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, sentences: list[str]
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, family_sentences: list[str]
 ) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("families")
     return {
         "bert-dense": bert_dense_st6(root, model_dir),
         "bert-st5": bert_st5(root, model_dir),
         "t5": t5_encoder(root, model_dir),
-        "xlmr": xlmr_plain(root, sentences, positions=66),
-        "xlmr-lower": xlmr_lower_case(root, sentences),
-        "mpnet": mpnet(root, sentences),
+        "xlmr": xlmr_plain(root, family_sentences, positions=66),
+        "xlmr-lower": xlmr_lower_case(root, family_sentences),
+        "mpnet": mpnet(root, family_sentences),
         "modernbert": modernbert(root, model_dir),
-        "qwen3": qwen3_decoder(root, sentences),
+        "bert-instructor": bert_instructor(root, model_dir),
+        **{name: decoder(root, family_sentences, name) for name in DECODERS},
     }
 
 
@@ -80,9 +71,17 @@ SERVED: dict[str, tuple[str, str, str | None]] = {
     "xlmr-lower": ("xlmr-lower", "right", None),
     "mpnet": ("mpnet", "right", None),
     "modernbert": ("modernbert", "right", None),
+    "bert-instructor": ("bert-instructor", "right", None),
+    "bert-instructor-query": ("bert-instructor", "right", "query"),
     "qwen3": ("qwen3", "right", None),
     "qwen3-query": ("qwen3", "right", "query"),
     "qwen3-left": ("qwen3", "left", None),
+    "qwen2": ("qwen2", "right", None),
+    "qwen2-query": ("qwen2", "right", "query"),
+    "mistral": ("mistral", "right", None),
+    "mistral-query": ("mistral", "right", "query"),
+    "llama": ("llama", "right", None),
+    "llama-query": ("llama", "right", "query"),
 }
 
 
@@ -96,17 +95,14 @@ def families_worker(
         if name.endswith("-query"):
             continue  # the same model, asked for its prompt by name
         models.append({"model": str(folders[folder]), "name": name, "truncation_direction": side})
-    process = WorkerProcess(
+    process = WorkerProcess.serving(
         kafka.bootstrap_servers,
         tmp_path_factory.mktemp("families-worker") / "worker.log",
+        (REQUESTS, RESULTS),
         models=json.dumps(models),
-        dtype="float32",
-        requests_topic=REQUESTS,
-        bulk_topic="",
-        results_topic=RESULTS,
-        group_id=f"families-{TAG}",
+        # Each folder proven against sentence-transformers before the worker joins.
+        model_check="true",
     )
-    process.wait_ready()
     yield process
     assert process.stop() == 0
 
@@ -134,7 +130,7 @@ async def test_every_family_equals_sentence_transformers_through_kafka(
     kafka: LocalKafka,
     families_worker: WorkerProcess,
     folders: dict[str, Path],
-    texts: list[str],
+    family_mix: list[str],
 ) -> None:
     """Each served model, asked concurrently (one text a call and all texts at once, the
     models interleaved, so batches mix lengths and complete out of order), answers
@@ -145,23 +141,63 @@ async def test_every_family_equals_sentence_transformers_through_kafka(
         calls = []
         for name, (_, _, prompt) in SERVED.items():
             model = name.removesuffix("-query")
-            calls.append(client.embed(texts, model=model, prompt_name=prompt, timeout=120))
+            calls.append(client.embed(family_mix, model=model, prompt_name=prompt, timeout=120))
             calls.extend(
-                client.embed([text], model=model, prompt_name=prompt, timeout=120) for text in texts
+                client.embed([text], model=model, prompt_name=prompt, timeout=120)
+                for text in family_mix
             )
         answers = await asyncio.gather(*calls)
-    per_model = 1 + len(texts)
+    per_model = 1 + len(family_mix)
     for i, (name, (folder, side, prompt)) in enumerate(SERVED.items()):
         whole, *singles = answers[i * per_model : (i + 1) * per_model]
-        reference = _reference(folders[folder], texts, side, prompt)
+        reference = _reference(folders[folder], family_mix, side, prompt)
         assert whole.shape == reference.shape, name
         assert _min_cos(whole, reference) >= 0.9999, name
         assert _min_cos(np.vstack(singles), reference) >= 0.9999, name
     dims = {name: answers[i * per_model].shape[1] for i, name in enumerate(SERVED)}
     assert (dims["bert-dense"], dims["bert-st5"], dims["t5"]) == (24, 20, 16)  # Dense sizes
-    # The truncation sides really differ for the over-long texts, or the checks above
+    # The truncation sides really differ for the over-long family_mix, or the checks above
     # could not tell them apart.
-    right = _reference(folders["xlmr"], texts, "right", None)
-    left = _reference(folders["xlmr"], texts, "left", None)
-    long = texts.index(" ".join(stsb_sentences("en")[:40]))
+    right = _reference(folders["xlmr"], family_mix, "right", None)
+    left = _reference(folders["xlmr"], family_mix, "left", None)
+    long = family_mix.index(max(family_mix, key=len))
     assert _min_cos(right[long : long + 1], left[long : long + 1]) < 0.999
+
+
+def test_the_worker_proved_every_family_before_serving(families_worker: WorkerProcess) -> None:
+    """With ``model_check``, the worker ran ``kembed models check`` on each model before it
+    joined its group: one model_check.passed per served model, at cos >= 0.9999."""
+    events = families_worker.events()
+    passed = [e for e in events if e["event"] == "model_check.passed"]
+    served = {name for name in SERVED if not name.endswith("-query")}
+    assert {e["model"] for e in passed} == served
+    assert min(e["worst_cosine"] for e in passed) >= 0.9999
+    checked = max(i for i, e in enumerate(events) if e["event"] == "model_check.passed")
+    joined = min(i for i, e in enumerate(events) if e["event"] == "partitions.assigned")
+    assert checked < joined
+
+
+def test_a_served_setting_that_drifts_from_the_reference_fails_the_model_check(
+    kafka: LocalKafka, folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """A max-pooled folder served with ``pooling: mean``: the start-up check embeds it as
+    it would be served, finds the drift, logs model_check.failed and exits 3 without
+    joining its group."""
+    worker = WorkerProcess(
+        kafka.bootstrap_servers,
+        tmp_path / "worker.log",
+        model=str(folders["bert-st5"]),
+        pooling="mean",
+        model_check="true",
+        requests_topic=f"{REQUESTS}.drift",
+        bulk_topic="",
+        group_id=f"families-drift-{TAG}",
+    )
+    try:
+        assert worker.process.wait(timeout=240) == 3
+    finally:
+        worker.stop()
+    events = worker.events()
+    (failed,) = [e for e in events if e["event"] == "model_check.failed"]
+    assert failed["worst_cosine"] < 0.9999
+    assert "partitions.assigned" not in {e["event"] for e in events}

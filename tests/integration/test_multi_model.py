@@ -68,17 +68,13 @@ def two_model_worker(
 ) -> Iterator[WorkerProcess]:
     kafka.create_topics([TopicSpec(REQUESTS, 2), TopicSpec(CLS_TOPIC, 1), TopicSpec(RESULTS, 2)])
     models = _models({"requests_topic": CLS_TOPIC, "bulk_topic": ""})
-    process = WorkerProcess(
+    process = WorkerProcess.serving(
         kafka.bootstrap_servers,
         tmp_path_factory.mktemp("mm") / "worker.log",
+        (REQUESTS, RESULTS),
         models=json.dumps(models),
-        dtype="float32",
-        requests_topic=REQUESTS,
-        bulk_topic="",
-        results_topic=RESULTS,
         group_id=f"mm-{TAG}",
     )
-    process.wait_ready()
     yield process
     assert process.stop() == 0
 

@@ -5,21 +5,27 @@ Tokenizers: the BERT-shaped, ModernBERT and T5 models use the bundled model's Wo
 tokenizer (30,522 ids, ``[PAD]`` = 0, which their pad ids agree with); the XLM-RoBERTa and
 MPNet models a Unigram tokenizer trained here on STS-B sentences, with RoBERTa's special
 ids (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3), so their positions start after
-padding index 1 as real ones do; the Qwen3-shaped decoder a byte-level BPE trained here,
-which appends its EOS and pads on the left.
+padding index 1 as real ones do; the decoders (Qwen3, Qwen2, Mistral, Llama) a byte-level
+BPE trained here, with each family's BOS/EOS and padding side (:data:`DECODERS`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 __all__ = [
+    "DECODERS",
+    "INSTRUCTION",
     "SIZE",
     "bert_dense_st6",
+    "bert_instructor",
+    "decoder",
     "bert_st5",
     "family_texts",
     "modernbert",
@@ -33,6 +39,7 @@ __all__ = [
 ]
 
 SEED = 1234
+_ROBERTA_IDS: dict[str, Any] = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
 SIZE: dict[str, Any] = {
     "hidden_size": 32,
     "num_hidden_layers": 2,
@@ -58,17 +65,22 @@ def family_texts(sentences: list[str]) -> list[str]:
     ]
 
 
-def _bert(path: Path, bundled: Path, positions: int = 128) -> None:
-    from transformers import AutoTokenizer, BertConfig, BertModel
+def _save(path: Path, seed: int, model: Callable[[], Any], tokenizer: Path | None) -> None:
+    """The random-weight model ``model()`` makes (seeded) saved at ``path``, with the
+    tokenizer of the folder ``tokenizer`` (None: the caller writes one)."""
+    from transformers import AutoTokenizer
 
-    torch.manual_seed(SEED)
-    config = BertConfig(
-        vocab_size=30522,
-        **SIZE,
-        max_position_embeddings=positions,
-    )
-    BertModel(config, add_pooling_layer=False).save_pretrained(path)
-    AutoTokenizer.from_pretrained(bundled).save_pretrained(path)
+    torch.manual_seed(seed)
+    model().save_pretrained(path)
+    if tokenizer is not None:
+        AutoTokenizer.from_pretrained(tokenizer).save_pretrained(path)
+
+
+def _bert(path: Path, bundled: Path, positions: int = 128) -> None:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=30522, **SIZE, max_position_embeddings=positions)
+    _save(path, SEED, lambda: BertModel(config, add_pooling_layer=False), bundled)
 
 
 def bert_dense_st6(root: Path, bundled: Path, *, truncate_dim: int | None = None) -> Path:
@@ -159,21 +171,13 @@ def bert_st5(root: Path, bundled: Path, *, mode_flag: str = "pooling_mode_max_to
 def t5_encoder(root: Path, bundled: Path) -> Path:
     """A T5 model (encoder and decoder saved, as sentence-t5 / gtr-t5 are), mean pooling,
     Dense 32 -> 16 without bias or activation, Normalize (the sentence-t5 stack)."""
-    from transformers import AutoTokenizer, T5Config, T5Model
+    from transformers import T5Config, T5Model
 
     target = root / "t5"
-    torch.manual_seed(SEED + 3)
     config = T5Config(
-        vocab_size=30522,
-        d_model=32,
-        d_kv=16,
-        d_ff=64,
-        num_layers=2,
-        num_heads=2,
-        pad_token_id=0,
+        vocab_size=30522, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2, pad_token_id=0
     )
-    T5Model(config).save_pretrained(target)
-    AutoTokenizer.from_pretrained(bundled).save_pretrained(target)
+    _save(target, SEED + 3, lambda: T5Model(config), bundled)
     _write_json(target / "sentence_bert_config.json", {"max_seq_length": 64})
     _write_json(
         target / "1_Pooling" / "config.json", {"embedding_dimension": 32, "pooling_mode": "mean"}
@@ -208,16 +212,28 @@ def t5_encoder(root: Path, bundled: Path) -> Path:
     return target
 
 
-def unigram_tokenizer_dir(target: Path, sentences: list[str], *, max_length: int | None) -> None:
-    """An XLM-R-style tokenizer (Unigram, ``<s> text </s>``) trained on ``sentences``."""
+def unigram_tokenizer_dir(
+    target: Path, sentences: list[str], *, max_length: int | None, as_rebuilt: bool = True
+) -> None:
+    """An XLM-R-style tokenizer (Unigram, ``<s> text </s>``) trained on ``sentences``.
+
+    ``as_rebuilt``: its tokenizer.json holds the pipeline transformers 5 builds for the
+    XLM-R tokenizer class (no normalizer; whitespace split, then Metaspace), so that the
+    file and ``AutoTokenizer`` agree. False: NFKC and Metaspace alone, which transformers
+    replaces on loading (runs of whitespace then tokenize differently from the file)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers.trainers import UnigramTrainer
     from transformers import XLMRobertaTokenizer
 
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     tokenizer = Tokenizer(models.Unigram())
-    tokenizer.normalizer = normalizers.NFKC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    if as_rebuilt:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()]
+        )
+    else:
+        tokenizer.normalizer = normalizers.NFKC()
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
     trainer = UnigramTrainer(vocab_size=600, special_tokens=specials, unk_token="<unk>")
     tokenizer.train_from_iterator(sentences, trainer)
@@ -241,24 +257,20 @@ def unigram_tokenizer_dir(target: Path, sentences: list[str], *, max_length: int
     fast.save_pretrained(target)
 
 
-def xlmr_plain(root: Path, sentences: list[str], *, positions: int = 66) -> Path:
+def xlmr_plain(
+    root: Path, sentences: list[str], *, positions: int = 66, as_rebuilt: bool = True
+) -> Path:
     """XLM-RoBERTa as a plain Hugging Face folder (no sentence-transformers files, a
     tokenizer without a length limit): its window is what its positions allow,
     ``positions - pad_token_id - 1`` (64 for 66)."""
     from transformers import XLMRobertaConfig, XLMRobertaModel
 
     target = root / "xlmr"
-    torch.manual_seed(SEED + 5)
     config = XLMRobertaConfig(
-        vocab_size=600,
-        **SIZE,
-        max_position_embeddings=positions,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
+        vocab_size=600, **SIZE, **_ROBERTA_IDS, max_position_embeddings=positions
     )
-    XLMRobertaModel(config, add_pooling_layer=False).save_pretrained(target)
-    unigram_tokenizer_dir(target, sentences, max_length=None)
+    _save(target, SEED + 5, lambda: XLMRobertaModel(config, add_pooling_layer=False), None)
+    unigram_tokenizer_dir(target, sentences, max_length=None, as_rebuilt=as_rebuilt)
     return target
 
 
@@ -281,12 +293,22 @@ def xlmr_lower_case(root: Path, sentences: list[str]) -> Path:
     return target
 
 
-def _st_folder(target: Path, pooling: str, *, max_seq_length: int, prompts: dict[str, str]) -> None:
-    """Version 5's sentence-transformers files around a saved transformer: ``pooling``."""
-    _write_json(target / "sentence_bert_config.json", {"max_seq_length": max_seq_length})
-    _write_json(
-        target / "1_Pooling" / "config.json", {"embedding_dimension": 32, "pooling_mode": pooling}
-    )
+def _st_folder(
+    target: Path,
+    pooling: str,
+    *,
+    max_seq_length: int | None,
+    prompts: dict[str, str],
+    include_prompt: bool = True,
+) -> None:
+    """Version 5's sentence-transformers files around a saved transformer: ``pooling``
+    (``max_seq_length`` None: the tokenizer's ``model_max_length`` is the limit)."""
+    if max_seq_length is not None:
+        _write_json(target / "sentence_bert_config.json", {"max_seq_length": max_seq_length})
+    pooling_config = {"embedding_dimension": 32, "pooling_mode": pooling}
+    if not include_prompt:
+        pooling_config["include_prompt"] = False
+    _write_json(target / "1_Pooling" / "config.json", pooling_config)
     write_modules(
         target,
         [
@@ -304,16 +326,8 @@ def mpnet(root: Path, sentences: list[str]) -> Path:
     from transformers import MPNetConfig, MPNetModel
 
     target = root / "mpnet"
-    torch.manual_seed(SEED + 6)
-    config = MPNetConfig(
-        vocab_size=600,
-        **SIZE,
-        max_position_embeddings=130,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-    )
-    MPNetModel(config, add_pooling_layer=False).save_pretrained(target)
+    config = MPNetConfig(vocab_size=600, **SIZE, **_ROBERTA_IDS, max_position_embeddings=130)
+    _save(target, SEED + 6, lambda: MPNetModel(config, add_pooling_layer=False), None)
     unigram_tokenizer_dir(target, sentences, max_length=None)
     _st_folder(target, "mean", max_seq_length=64, prompts={})
     return target
@@ -322,84 +336,140 @@ def mpnet(root: Path, sentences: list[str]) -> Path:
 def modernbert(root: Path, bundled: Path) -> Path:
     """ModernBERT (gte-modernbert's shape: CLS pooling, Normalize; rotary positions, no
     offset), the bundled WordPiece tokenizer."""
-    from transformers import AutoTokenizer, ModernBertConfig, ModernBertModel
+    from transformers import ModernBertConfig, ModernBertModel
 
     target = root / "modernbert"
-    torch.manual_seed(SEED + 7)
+    ids: dict[str, Any] = {"pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102}
     config = ModernBertConfig(
         vocab_size=30522,
         **SIZE,
+        **ids,
         max_position_embeddings=128,
-        pad_token_id=0,
-        bos_token_id=101,
-        eos_token_id=102,
         cls_token_id=101,
         sep_token_id=102,
     )
-    ModernBertModel(config).save_pretrained(target)
-    AutoTokenizer.from_pretrained(bundled).save_pretrained(target)
+    _save(target, SEED + 7, lambda: ModernBertModel(config), bundled)
     _st_folder(target, "cls", max_seq_length=64, prompts={})
     return target
 
 
-def qwen3_decoder(root: Path, sentences: list[str]) -> Path:
-    """A Qwen3-Embedding-shaped decoder: last-token pooling, an EOS the tokenizer appends,
-    left padding in its tokenizer config, an instruction prompt for queries. Tokenizer: a
-    byte-level BPE trained here on STS-B sentences."""
+@dataclass(frozen=True)
+class Decoder:
+    """How one decoder family's embedders are saved (the shapes their public models have)."""
+
+    config: str
+    """transformers' config and model class prefix (``Qwen3`` -> Qwen3Config, Qwen3Model)."""
+    template: str
+    """The tokenizer.json post-processor: ``bos``, ``eos``, both or none around ``$A``."""
+    padding_side: str
+    pooling: str
+    include_prompt: bool = True
+    sizes: dict[str, int] = field(default_factory=dict)
+
+
+DECODERS = {
+    # Qwen3-Embedding: the tokenizer appends <|endoftext|>, left padding, last token.
+    "qwen3": Decoder("Qwen3", "$A eos", "left", "lasttoken", sizes={"head_dim": 16}),
+    # gte-Qwen2-instruct: the same EOS, right padding, last token.
+    "qwen2": Decoder("Qwen2", "$A eos", "right", "lasttoken"),
+    # e5-mistral: BOS and EOS around the text, left padding, last token (the EOS).
+    "mistral": Decoder("Mistral", "bos $A eos", "left", "lasttoken", sizes={"head_dim": 16}),
+    # LLM2Vec-style Llama: BOS, right padding, mean pooling without the instruction.
+    "llama": Decoder("Llama", "bos $A", "right", "mean", include_prompt=False),
+}
+INSTRUCTION = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
+
+
+def _bpe_tokenizer(target: Path, sentences: list[str], family: Decoder) -> dict[str, int]:
+    """A byte-level BPE trained on ``sentences`` with ``<s>``, ``</s>`` and
+    ``<|endoftext|>``, its post-processor ``family.template``; the special ids."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from tokenizers.trainers import BpeTrainer
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+    from transformers import PreTrainedTokenizerFast
 
-    target = root / "qwen3"
-    eos = "<|endoftext|>"
+    bos, eos = ("<s>", "</s>") if "bos" in family.template else ("<|endoftext|>",) * 2
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = BpeTrainer(
         vocab_size=700,
-        special_tokens=[eos],
+        special_tokens=sorted({bos, eos}),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(sentences, trainer)
-    eos_id = tokenizer.token_to_id(eos)
+    ids = {"bos_token_id": _token_id(tokenizer, bos), "eos_token_id": _token_id(tokenizer, eos)}
+    single = family.template.replace("bos", bos).replace("eos", eos)
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, eos_id)]
+        single=single,
+        pair=f"{single} {single.replace('$A', '$B')}",
+        special_tokens=[(bos, ids["bos_token_id"]), (eos, ids["eos_token_id"])],
     )
     fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tokenizer,
+        bos_token=bos,
         eos_token=eos,
         pad_token=eos,
-        padding_side="left",
+        padding_side=family.padding_side,
         model_max_length=64,
     )
     fast.save_pretrained(target)
-    torch.manual_seed(SEED + 8)
-    config = Qwen3Config(
+    return ids
+
+
+def _token_id(tokenizer: Any, token: str) -> int:
+    found = tokenizer.token_to_id(token)
+    assert isinstance(found, int), token
+    return found
+
+
+def decoder(root: Path, sentences: list[str], name: str) -> Path:
+    """A decoder embedder of family ``name`` (:data:`DECODERS`) with a ``query``
+    instruction prompt; its tokenizer a byte-level BPE trained here on STS-B sentences."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    family = DECODERS[name]
+    target = root / name
+    ids = _bpe_tokenizer(target, sentences, family)
+    config = getattr(transformers, f"{family.config}Config")(
         vocab_size=700,
         **SIZE,
+        **ids,
+        **family.sizes,
         num_key_value_heads=1,
-        head_dim=16,
         max_position_embeddings=256,
-        pad_token_id=eos_id,
-        eos_token_id=eos_id,
-        bos_token_id=eos_id,
+        pad_token_id=ids["eos_token_id"],
     )
-    Qwen3Model(config).save_pretrained(target)
-    instruction = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
-    write_modules(
+    model = getattr(transformers, f"{family.config}Model")
+    _save(target, SEED + 8 + sorted(DECODERS).index(name), lambda: model(config), None)
+    # Saved again as transformers loads it for this model type (Qwen2's class, for one,
+    # splits digits apart), so that tokenizer.json is what a published folder holds.
+    AutoTokenizer.from_pretrained(target).save_pretrained(target)
+    _st_folder(
         target,
-        [
-            ("sentence_transformers.models.Transformer", ""),
-            ("sentence_transformers.models.Pooling", "1_Pooling"),
-            ("sentence_transformers.models.Normalize", "2_Normalize"),
-        ],
+        family.pooling,
+        max_seq_length=None,
+        prompts={"query": INSTRUCTION, "document": ""},
+        include_prompt=family.include_prompt,
     )
-    _write_json(
-        target / "1_Pooling" / "config.json",
-        {"embedding_dimension": 32, "pooling_mode": "lasttoken"},
-    )
-    _write_json(
-        target / "config_sentence_transformers.json",
-        {"prompts": {"query": instruction, "document": ""}, "default_prompt_name": None},
+    return target
+
+
+def qwen3_decoder(root: Path, sentences: list[str]) -> Path:
+    """A Qwen3-Embedding-shaped decoder (:data:`DECODERS`)."""
+    return decoder(root, sentences, "qwen3")
+
+
+def bert_instructor(root: Path, bundled: Path) -> Path:
+    """BERT, mean pooling that leaves the prompt's tokens out (``include_prompt: false``,
+    as INSTRUCTOR and GRIT are saved), a ``query`` instruction, Normalize."""
+    target = root / "bert-instructor"
+    _bert(target, bundled)
+    _st_folder(
+        target,
+        "mean",
+        max_seq_length=64,
+        prompts={"query": "Represent the question for retrieving supporting documents: "},
+        include_prompt=False,
     )
     return target

@@ -34,6 +34,8 @@ class ModelInfo:
     compiled: bool = False
     quantization: str = "none"
     memory_bytes: int = 0
+    include_prompt: bool = True
+    """False: the prompt's tokens are left out of the pooling (``Prepared.pool_mask``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,9 @@ class Prepared:
     mask: npt.NDArray[np.int64]
     types: npt.NDArray[np.int64] | None = None
     """Token type ids (0: first text, 1: second text); None: all 0 (single texts)."""
+    pool_mask: npt.NDArray[np.int64] | None = None
+    """The positions pooled, where they differ from ``mask`` (a model that leaves the
+    prompt's tokens out of its pooling); None: ``mask``."""
 
     @property
     def rows(self) -> int:
@@ -60,17 +65,24 @@ class Prepared:
         batch: Sequence[Sequence[int]],
         pad_id: int,
         segments: Sequence[int] | None = None,
+        pooled_from: Sequence[int] | None = None,
     ) -> Prepared:
         """``batch`` right-padded with ``pad_id`` to its longest sequence, with its mask.
         ``segments``: per sequence, the length of its first segment (a pair's query part,
         special tokens included); the tokens after it get type id 1, as a pair's second
-        text (padding keeps type 0)."""
+        text (padding keeps type 0). ``pooled_from``: per sequence, how many leading
+        tokens (a prompt's) the pooling leaves out."""
         longest = max(len(ids) for ids in batch)
         ids = np.full((len(batch), longest), pad_id, dtype=np.int64)
         mask = np.zeros((len(batch), longest), dtype=np.int64)
         for row, seq in enumerate(batch):
             ids[row, : len(seq)] = seq
             mask[row, : len(seq)] = 1
+        if pooled_from is not None:
+            pool_mask = mask.copy()
+            for row, skip in enumerate(pooled_from):
+                pool_mask[row, :skip] = 0
+            return cls(ids, mask, pool_mask=pool_mask)
         if segments is None:
             return cls(ids, mask)
         types = np.zeros((len(batch), longest), dtype=np.int64)
@@ -83,10 +95,14 @@ class Encoder(Protocol):
     info: ModelInfo
 
     def prepare(
-        self, batch: Sequence[Sequence[int]], segments: Sequence[int] | None = None
+        self,
+        batch: Sequence[Sequence[int]],
+        segments: Sequence[int] | None = None,
+        pooled_from: Sequence[int] | None = None,
     ) -> Prepared:
         """Pad a batch into arrays; cheap, called on the event loop while the device works.
-        ``segments``: for pairs, each sequence's first-segment length (see
+        ``segments``: for pairs, each sequence's first-segment length; ``pooled_from``: for
+        a model that pools without the prompt, each sequence's prompt length (see
         :meth:`Prepared.pad`); None for single texts."""
         ...
 

@@ -64,7 +64,9 @@ class TorchCrossEncoder(TorchEncoder):
     def _output_dim(self, config: Any) -> int:
         return 1
 
-    def _rows(self, forward: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _rows(
+        self, forward: Any, inputs: dict[str, torch.Tensor], pooled: torch.Tensor | None
+    ) -> torch.Tensor:
         logits: torch.Tensor = forward(**inputs).logits
         return logits.float()
 

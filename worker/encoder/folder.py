@@ -98,7 +98,9 @@ class ModelFolder:
 
     pooling: str = "mean"
     include_prompt: bool = True
-    """Always true: a folder whose Pooling leaves the prompt's tokens out is refused."""
+    """False: the Pooling module leaves the prompt's tokens out (INSTRUCTOR, GRIT and
+    LLM2Vec-style models): the first ``prompt_length`` positions are masked out of the
+    pooling only (the transformer still sees them), as sentence-transformers does."""
     dense: tuple[DenseLayer, ...] = ()
     normalize: bool = False
     """A ``Normalize`` module ends the stack (the request's ``normalize``: see
@@ -211,12 +213,10 @@ def _pooling(config: dict[str, Any], name: str) -> tuple[str, bool]:
             f"{name}: unsupported pooling {mode!r}; kembed pools "
             f"{', '.join(POOLING_MODES)} (one mode)"
         )
-    if config.get("include_prompt", True) is False:
-        raise UnsupportedModelError(
-            f"{name}: include_prompt false (a prompt's tokens left out of the pooling) is "
-            "not supported yet"
-        )
-    return str(kembed_mode), True
+    include_prompt = config.get("include_prompt", True)
+    if not isinstance(include_prompt, bool):
+        raise UnsupportedModelError(f"{name}: include_prompt must be true or false")
+    return str(kembed_mode), include_prompt
 
 
 def _dense(where: Path, name: str) -> DenseLayer:

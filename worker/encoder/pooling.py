@@ -34,11 +34,16 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
         count = weights.sum(dim=1).clamp(min=1e-9)
         return total / (count.sqrt() if mode == "mean_sqrt_len" else count)
     if mode == "cls":
-        return hidden[:, 0]
+        # The first pooled position: 0, or the first after a prompt left out of the pooling.
+        first = mask.argmax(dim=1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]
     if mode == "max":
         return hidden.masked_fill(weights == 0, float("-inf")).max(dim=1).values
     if mode == "lasttoken":
-        # Right padding: the last real token sits at length - 1.
-        last = mask.sum(dim=1).long() - 1
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        # Right padding: the last pooled position (a row with none pools to zeros, as in
+        # sentence-transformers).
+        seq = mask.shape[1]
+        last = seq - 1 - mask.flip(1).argmax(dim=1)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        return hidden[rows, last] * weights[rows, last]
     raise ValueError(f"unknown pooling mode {mode!r}; known: {', '.join(POOLING_MODES)}")

@@ -156,6 +156,7 @@ class TorchEncoder:
             compiled=False,
             quantization=quantization,
             memory_bytes=memory_bytes(model),
+            include_prompt=self._folder.include_prompt,
         )
         self._variant = Variant(first_dtype, model, model, False)
         if compile:
@@ -189,11 +190,15 @@ class TorchEncoder:
         hidden = getattr(config, "hidden_size", None) or config.d_model  # T5 names it d_model
         return self._folder.output_dim(int(hidden))
 
-    def _rows(self, forward: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One output row per sequence: the pooled last hidden state, through the folder's
-        Dense and Normalize modules, cut to its ``truncate_dim``."""
+    def _rows(
+        self, forward: Any, inputs: dict[str, torch.Tensor], pooled: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One output row per sequence: the last hidden state pooled under ``pooled`` (None:
+        the attention mask), through the folder's Dense and Normalize modules, cut to its
+        ``truncate_dim``."""
         hidden = forward(**inputs).last_hidden_state
-        return self._head(pool(hidden, inputs["attention_mask"], self._pooling))
+        mask = inputs["attention_mask"] if pooled is None else pooled
+        return self._head(pool(hidden, mask, self._pooling))
 
     @property
     def device(self) -> torch.device:
@@ -249,13 +254,16 @@ class TorchEncoder:
     def compile_variant(self, variant: Variant, prepared: Prepared) -> None:
         """Compile ``variant`` now (its first call), on the calling thread; raises what the
         compiler raises (no eager fallback: the variant is not being served)."""
-        self._forward_pooled(variant.forward, prepared.ids, prepared.mask, prepared.types)
+        self._forward_pooled(variant.forward, prepared)
 
     def prepare(
-        self, batch: Sequence[Sequence[int]], segments: Sequence[int] | None = None
+        self,
+        batch: Sequence[Sequence[int]],
+        segments: Sequence[int] | None = None,
+        pooled_from: Sequence[int] | None = None,
     ) -> Prepared:
         """Pad ``batch`` into id and mask arrays (cheap; done while the previous batch runs)."""
-        return Prepared.pad(batch, self._pad_id, segments)
+        return Prepared.pad(batch, self._pad_id, segments, pooled_from)
 
     def run(self, prepared: Prepared) -> npt.NDArray[np.float32]:
         return self.run_variant(self._variant, prepared)
@@ -278,17 +286,21 @@ class TorchEncoder:
     def _run(self, variant: Variant, prepared: Prepared) -> npt.NDArray[np.float32]:
         small = prepared.padded_tokens <= _SINGLE_THREAD_TOKENS
         self._use_threads(1 if small and not self._pinned else self._threads)
-        ids, mask, types = prepared.ids, prepared.mask, prepared.types
         rows = prepared.rows
         if not variant.compiled or (small and self._device.type == "cpu"):
-            return self._forward_pooled(variant.module, ids, mask, types)[:rows]
+            return self._forward_pooled(variant.module, prepared)[:rows]
+        padded = prepared
         if rows == 1:
             # A compiled graph specializes on size 1; two identical rows reuse the dynamic
             # graph instead of compiling another one (a lone text costs about the same).
-            ids, mask = np.repeat(ids, 2, axis=0), np.repeat(mask, 2, axis=0)
-            types = None if types is None else np.repeat(types, 2, axis=0)
+            padded = Prepared(
+                _twice(prepared.ids),
+                _twice(prepared.mask),
+                None if prepared.types is None else _twice(prepared.types),
+                None if prepared.pool_mask is None else _twice(prepared.pool_mask),
+            )
         try:
-            return self._forward_pooled(variant.forward, ids, mask, types)[:rows]
+            return self._forward_pooled(variant.forward, padded)[:rows]
         except Exception as exc:  # any compiler failure: serve eagerly
             if _out_of_memory(exc):
                 raise  # the batch is too big, not the compiler at fault
@@ -298,28 +310,24 @@ class TorchEncoder:
             variant.forward, variant.compiled = variant.module, False
             if variant is self._variant:
                 self.install(variant)
-        return self._forward_pooled(variant.module, ids, mask, types)[:rows]
+        return self._forward_pooled(variant.module, prepared)[:rows]
 
-    def _forward_pooled(
-        self,
-        forward: Any,
-        ids: npt.NDArray[np.int64],
-        mask: npt.NDArray[np.int64],
-        types: npt.NDArray[np.int64] | None = None,
-    ) -> npt.NDArray[np.float32]:
-        input_ids = torch.from_numpy(ids).to(self._device, non_blocking=True)
-        attention = torch.from_numpy(mask).to(self._device, non_blocking=True)
-        kwargs = {"input_ids": input_ids, "attention_mask": attention}
+    def _forward_pooled(self, forward: Any, prepared: Prepared) -> npt.NDArray[np.float32]:
+        input_ids = self._tensor(prepared.ids)
+        kwargs = {"input_ids": input_ids, "attention_mask": self._tensor(prepared.mask)}
         if self._uses_token_types:
+            types = prepared.types
             kwargs["token_type_ids"] = (
-                torch.zeros_like(input_ids)
-                if types is None
-                else torch.from_numpy(types).to(self._device, non_blocking=True)
+                torch.zeros_like(input_ids) if types is None else self._tensor(types)
             )
+        pooled = None if prepared.pool_mask is None else self._tensor(prepared.pool_mask)
         with torch.inference_mode():
-            rows = self._rows(forward, kwargs)
+            rows = self._rows(forward, kwargs, pooled)
         out: npt.NDArray[np.float32] = rows.float().cpu().numpy().astype(np.float32, copy=False)
         return out
+
+    def _tensor(self, array: npt.NDArray[np.int64]) -> torch.Tensor:
+        return torch.from_numpy(array).to(self._device, non_blocking=True)
 
     def encode(self, batch: Sequence[Sequence[int]]) -> npt.NDArray[np.float32]:
         return self.run(self.prepare(batch))
@@ -329,6 +337,10 @@ class TorchEncoder:
         if threads != self._current_threads:
             torch.set_num_threads(threads)
             self._current_threads = threads
+
+
+def _twice(array: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    return np.repeat(array, 2, axis=0)
 
 
 def _out_of_memory(exc: Exception) -> bool:

@@ -3,13 +3,17 @@ asked) become vectors (``worker.publish``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 
 from schemas import EmbedRequest, Kind, ModelRequest
+from worker.cache import Hit
 from worker.chunking import input_index
+from worker.encoder import Encoder, Prepared
 from worker.kinds.base import Finished, ModelKind, Pieces, Tokenizing, per_request
 from worker.publish import encode_vectors
+from worker.tokenization import Tokenized
 
 __all__ = ["EMBED", "EmbedKind"]
 
@@ -37,7 +41,32 @@ class EmbedKind(ModelKind):
             if lookup.misses
             else []
         )
-        return per_request(requests, *lookup.complete(misses))
+        pieces = per_request(requests, *lookup.complete(misses))
+        if model.encoder.info.include_prompt:
+            return pieces
+        # The model pools without its prompt: each text notes how many leading tokens
+        # are the prompt's (Tokenized.segment), for the batch's pool mask.
+        length = model.tokenizer.prompt_length
+        embeds = [r for r in requests if isinstance(r, EmbedRequest)]
+        return [
+            ([_pooled_from(p, length(model.prompt_for(r))) for p in found], notes)
+            for r, (found, notes) in zip(embeds, pieces, strict=True)
+        ]
+
+    def segments(self, pieces: Sequence[Tokenized | Hit]) -> list[int] | None:
+        """Per input, the prompt's tokens its pooling leaves out (None: the model pools
+        them)."""
+        skips = [p.segment for p in pieces if isinstance(p, Tokenized)]
+        if not skips or skips[0] is None:
+            return None
+        return [p.segment or 0 if isinstance(p, Tokenized) else 0 for p in pieces]
+
+    def prepare(
+        self, encoder: Encoder, ids: Sequence[Sequence[int]], segments: Callable[[], list[int]]
+    ) -> Prepared:
+        if encoder.info.include_prompt:
+            return encoder.prepare(ids)
+        return encoder.prepare(ids, pooled_from=segments())
 
     def result(self, job: Finished, max_bytes: int) -> bytes:
         request, requested_ms = job.request, job.record.timestamp_ms
@@ -51,3 +80,7 @@ class EmbedKind(ModelKind):
 
 
 EMBED = EmbedKind()
+
+
+def _pooled_from(piece: Tokenized | Hit, prompt_tokens: int) -> Tokenized | Hit:
+    return replace(piece, segment=prompt_tokens) if isinstance(piece, Tokenized) else piece

@@ -18,21 +18,17 @@ import numpy as np
 import numpy.typing as npt
 
 from tests.integration.fault_injection.marker import MARKER_TOKEN_ID
-from worker.encoder import torch_backend
+from worker.encoder import Prepared, torch_backend
 
 _forward_pooled = torch_backend.TorchEncoder._forward_pooled
 
 
 def _failing_forward_pooled(
-    self: torch_backend.TorchEncoder,
-    forward: Any,
-    ids: npt.NDArray[np.int64],
-    mask: npt.NDArray[np.int64],
-    *rest: Any,
+    self: torch_backend.TorchEncoder, forward: Any, prepared: Prepared
 ) -> npt.NDArray[np.float32]:
-    if bool((ids == MARKER_TOKEN_ID).any()):
+    if bool((prepared.ids == MARKER_TOKEN_ID).any()):
         raise RuntimeError("injected fault: the marker token reached the model")
-    return _forward_pooled(self, forward, ids, mask, *rest)
+    return _forward_pooled(self, forward, prepared)
 
 
 setattr(torch_backend.TorchEncoder, "_forward_pooled", _failing_forward_pooled)  # noqa: B010

@@ -12,7 +12,7 @@ import pytest
 
 from kembed_cli.commands.models import run_check
 from tests.support.cli import run_kembed
-from tests.support.tiny_models import bert_dense_st6, write_modules
+from tests.support.tiny_models import bert_dense_st6, write_modules, xlmr_plain
 from worker import model_check
 from worker.model_check import THRESHOLD, CheckReport, TextCheck, check_model, check_texts
 
@@ -49,6 +49,22 @@ def test_the_table_names_each_text_and_the_verdict(
     assert sum(" ok" in row for row in rows) == 3 * (len(check_texts()) + 1)
 
 
+def test_a_tokenizer_transformers_rebuilds_differently_fails_the_check(
+    tmp_path: Path, family_sentences: list[str]
+) -> None:
+    """A drift the check exists to catch: an XLM-R folder whose tokenizer.json (NFKC,
+    Metaspace) is not the pipeline transformers 5 builds for its tokenizer class (no
+    normalizer, whitespace split): kembed tokenizes by the file, sentence-transformers by
+    transformers, and the text with runs of whitespace (the code) falls under the line."""
+    path = xlmr_plain(tmp_path, family_sentences, positions=66, as_rebuilt=False)
+    report = check_model(path)
+    assert not report.passed
+    failing = {t.label for t in report.texts if not t.passed}
+    assert "code" in failing
+    rebuilt = check_model(xlmr_plain(tmp_path / "rebuilt", family_sentences, positions=66))
+    assert rebuilt.passed, rebuilt.worst
+
+
 def test_a_folder_kembed_refuses_exits_2_with_one_line(tmp_path: Path, model_dir: Path) -> None:
     path = tmp_path / "colbert"
     shutil.copytree(model_dir, path)
@@ -76,8 +92,8 @@ def test_one_text_below_the_threshold_fails_the_check(
     on that text alone."""
     real = model_check._reference
 
-    def skewed(path: Path) -> object:
-        reference = real(path)
+    def skewed(path: Path, window: int, direction: str) -> object:
+        reference = real(path, window, direction)
 
         def encode(texts: list[str], prompt_name: str | None) -> np.ndarray:
             vectors = reference(texts, prompt_name).copy()

@@ -82,7 +82,10 @@ class FakeEncoder:
         self.calls: list[tuple[list[tuple[int, ...]], bool]] = []
 
     def prepare(
-        self, batch: Sequence[Sequence[int]], segments: Sequence[int] | None = None
+        self,
+        batch: Sequence[Sequence[int]],
+        segments: Sequence[int] | None = None,
+        pooled_from: Sequence[int] | None = None,
     ) -> Prepared:
         longest = max(len(ids) for ids in batch)
         ids = np.zeros((len(batch), longest), dtype=np.int64)

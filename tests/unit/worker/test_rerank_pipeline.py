@@ -57,7 +57,10 @@ class FakeCrossEncoder:
         self.segments_seen: list[int] = []
 
     def prepare(
-        self, batch: Sequence[Sequence[int]], segments: Sequence[int] | None = None
+        self,
+        batch: Sequence[Sequence[int]],
+        segments: Sequence[int] | None = None,
+        pooled_from: Sequence[int] | None = None,
     ) -> Prepared:
         assert segments is not None, "a reranker's batch must carry its token types"
         return Prepared.pad(batch, 0, segments)
