@@ -14,7 +14,19 @@ from schemas import EmbedRequest, decode_request
 from scripts.kafka_local import LocalKafka
 from scripts.pg_local import LocalPostgres
 from scripts.worker_process import ROOT, WorkerProcess
-from tests.support.tiny_models import family_texts
+from tests.support.tiny_models import (
+    DECODERS,
+    bert_dense_st6,
+    bert_instructor,
+    bert_st5,
+    decoder,
+    family_texts,
+    modernbert,
+    mpnet,
+    t5_encoder,
+    xlmr_lower_case,
+    xlmr_plain,
+)
 
 if TYPE_CHECKING:
     from worker.settings import WorkerSettings
@@ -112,6 +124,25 @@ def family_sentences() -> list[str]:
 def family_mix(family_sentences: list[str]) -> list[str]:
     """The mixed texts every tiny model family is held to sentence-transformers on."""
     return family_texts(family_sentences)
+
+
+@pytest.fixture(scope="session")
+def family_folders(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, family_sentences: list[str]
+) -> dict[str, Path]:
+    """One tiny random-weight model folder per family (built once for the whole run)."""
+    root = tmp_path_factory.mktemp("families")
+    return {
+        "bert-dense": bert_dense_st6(root, model_dir),
+        "bert-st5": bert_st5(root, model_dir),
+        "t5": t5_encoder(root, model_dir),
+        "xlmr": xlmr_plain(root, family_sentences, positions=66),
+        "xlmr-lower": xlmr_lower_case(root, family_sentences),
+        "mpnet": mpnet(root, family_sentences),
+        "modernbert": modernbert(root, model_dir),
+        "bert-instructor": bert_instructor(root, model_dir),
+        **{name: decoder(root, family_sentences, name) for name in DECODERS},
+    }
 
 
 @pytest.fixture(scope="session")

@@ -21,42 +21,12 @@ import pytest
 from producer_sdk import EmbedClient
 from scripts.kafka_local import LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
-from tests.support.tiny_models import (
-    DECODERS,
-    bert_dense_st6,
-    bert_instructor,
-    bert_st5,
-    decoder,
-    modernbert,
-    mpnet,
-    t5_encoder,
-    xlmr_lower_case,
-    xlmr_plain,
-)
 
 pytestmark = pytest.mark.integration
 
 TAG = uuid.uuid4().hex[:6]
 REQUESTS = f"test.families.requests.{TAG}"
 RESULTS = f"test.families.results.{TAG}"
-
-
-@pytest.fixture(scope="module")
-def folders(
-    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, family_sentences: list[str]
-) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("families")
-    return {
-        "bert-dense": bert_dense_st6(root, model_dir),
-        "bert-st5": bert_st5(root, model_dir),
-        "t5": t5_encoder(root, model_dir),
-        "xlmr": xlmr_plain(root, family_sentences, positions=66),
-        "xlmr-lower": xlmr_lower_case(root, family_sentences),
-        "mpnet": mpnet(root, family_sentences),
-        "modernbert": modernbert(root, model_dir),
-        "bert-instructor": bert_instructor(root, model_dir),
-        **{name: decoder(root, family_sentences, name) for name in DECODERS},
-    }
 
 
 # name in the worker -> (folder, truncation side, prompt name)
@@ -87,14 +57,16 @@ SERVED: dict[str, tuple[str, str, str | None]] = {
 
 @pytest.fixture(scope="module")
 def families_worker(
-    kafka: LocalKafka, folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    kafka: LocalKafka, family_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
     kafka.create_topics([TopicSpec(REQUESTS, 2), TopicSpec(RESULTS, 2)])
     models: list[dict[str, Any]] = []
     for name, (folder, side, _) in SERVED.items():
         if name.endswith("-query"):
             continue  # the same model, asked for its prompt by name
-        models.append({"model": str(folders[folder]), "name": name, "truncation_direction": side})
+        models.append(
+            {"model": str(family_folders[folder]), "name": name, "truncation_direction": side}
+        )
     process = WorkerProcess.serving(
         kafka.bootstrap_servers,
         tmp_path_factory.mktemp("families-worker") / "worker.log",
@@ -129,7 +101,7 @@ def _min_cos(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> float:
 async def test_every_family_equals_sentence_transformers_through_kafka(
     kafka: LocalKafka,
     families_worker: WorkerProcess,
-    folders: dict[str, Path],
+    family_folders: dict[str, Path],
     family_mix: list[str],
 ) -> None:
     """Each served model, asked concurrently (one text a call and all texts at once, the
@@ -150,7 +122,7 @@ async def test_every_family_equals_sentence_transformers_through_kafka(
     per_model = 1 + len(family_mix)
     for i, (name, (folder, side, prompt)) in enumerate(SERVED.items()):
         whole, *singles = answers[i * per_model : (i + 1) * per_model]
-        reference = _reference(folders[folder], family_mix, side, prompt)
+        reference = _reference(family_folders[folder], family_mix, side, prompt)
         assert whole.shape == reference.shape, name
         assert _min_cos(whole, reference) >= 0.9999, name
         assert _min_cos(np.vstack(singles), reference) >= 0.9999, name
@@ -158,8 +130,8 @@ async def test_every_family_equals_sentence_transformers_through_kafka(
     assert (dims["bert-dense"], dims["bert-st5"], dims["t5"]) == (24, 20, 16)  # Dense sizes
     # The truncation sides really differ for the over-long family_mix, or the checks above
     # could not tell them apart.
-    right = _reference(folders["xlmr"], family_mix, "right", None)
-    left = _reference(folders["xlmr"], family_mix, "left", None)
+    right = _reference(family_folders["xlmr"], family_mix, "right", None)
+    left = _reference(family_folders["xlmr"], family_mix, "left", None)
     long = family_mix.index(max(family_mix, key=len))
     assert _min_cos(right[long : long + 1], left[long : long + 1]) < 0.999
 
@@ -178,7 +150,7 @@ def test_the_worker_proved_every_family_before_serving(families_worker: WorkerPr
 
 
 def test_a_served_setting_that_drifts_from_the_reference_fails_the_model_check(
-    kafka: LocalKafka, folders: dict[str, Path], tmp_path: Path
+    kafka: LocalKafka, family_folders: dict[str, Path], tmp_path: Path
 ) -> None:
     """A max-pooled folder served with ``pooling: mean``: the start-up check embeds it as
     it would be served, finds the drift, logs model_check.failed and exits 3 without
@@ -186,7 +158,7 @@ def test_a_served_setting_that_drifts_from_the_reference_fails_the_model_check(
     worker = WorkerProcess(
         kafka.bootstrap_servers,
         tmp_path / "worker.log",
-        model=str(folders["bert-st5"]),
+        model=str(family_folders["bert-st5"]),
         pooling="mean",
         model_check="true",
         requests_topic=f"{REQUESTS}.drift",

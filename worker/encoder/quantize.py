@@ -1,7 +1,10 @@
 """Weight quantization with bitsandbytes: LLM.int8 (``int8``) and 4-bit NormalFloat (``nf4``).
 
 Every ``nn.Linear`` of the transformer is replaced by its bitsandbytes counterpart holding
-the same weights; the embeddings and layer norms stay in the model's dtype. The weights are
+the same weights; the embeddings and layer norms stay in the model's dtype, and so do the
+layers the architecture says must keep their precision (its ``_keep_in_fp32_modules``, as
+transformers' own bitsandbytes loading leaves them: T5's feed-forward ``wo``, whose forward
+casts its input to that layer's weight dtype, which a 4-bit layer stores as uint8). The weights are
 quantized when the model is moved to its device (CUDA, or the CPU, which bitsandbytes 0.45+
 also supports, slowly). Quality is not assumed: ``kembed validate`` measures it against
 fp32 (docs/models.md has the figures).
@@ -30,10 +33,12 @@ def quantize_linear_layers(model: nn.Module, kind: str, compute_dtype: torch.dty
         raise ValueError(f"unknown quantization {kind!r}; expected one of {QUANTIZATIONS}")
     import bitsandbytes as bnb
 
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
     replaced = 0
-    for parent in list(model.modules()):
+    for prefix, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
+            path = f"{prefix}.{name}" if prefix else name
+            if isinstance(child, nn.Linear) and not keep.intersection(path.split(".")):
                 setattr(parent, name, _quantized(bnb, child, kind, compute_dtype))
                 replaced += 1
     return replaced
