@@ -30,6 +30,7 @@ from producer_sdk.errors import (
 )
 from producer_sdk.ingest import Document, IngestSummary, JsonlError, JsonlReader, ingest
 from producer_sdk.rerank import RankedDocument, Reranked
+from producer_sdk.sparse import SparseEmbeddings, SparseVector
 from producer_sdk.sync import SyncEmbedClient
 from producer_sdk.tokens import Decoding, Token, Tokenization
 from schemas import Chunking, Encoding
@@ -61,6 +62,8 @@ __all__ = [
     "RankedDocument",
     "RequestTooLargeError",
     "Reranked",
+    "SparseEmbeddings",
+    "SparseVector",
     "SyncEmbedClient",
     "Token",
     "Tokenization",

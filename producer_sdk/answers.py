@@ -18,18 +18,24 @@ from schemas import (
     RerankRequest,
     RerankResult,
     Result,
+    SparseResult,
     TokenizeResult,
 )
 
 __all__ = ["KIND_OF", "R", "check_kind", "expected_result", "kind_error"]
 
-R = TypeVar("R", EmbedResult, RerankResult, TokenizeResult, DecodeResult)
-KIND_OF: dict[type, str] = {EmbedResult: Kind.EMBED, RerankResult: Kind.RERANK}
+R = TypeVar("R", EmbedResult, RerankResult, SparseResult, TokenizeResult, DecodeResult)
+KIND_OF: dict[type, str] = {
+    EmbedResult: Kind.EMBED,
+    RerankResult: Kind.RERANK,
+    SparseResult: Kind.SPARSE,
+}
 """The catalog ``kind`` of the models that answer a call expecting this result (any model
 answers tokenize and decode)."""
 _WHAT: dict[type, str] = {
     EmbedResult: "vectors",
     RerankResult: "relevance scores (a rerank result)",
+    SparseResult: "term weights (a sparse result)",
     TokenizeResult: "tokens (a tokenize result)",
     DecodeResult: "texts (a decode result)",
 }
@@ -38,10 +44,12 @@ _ITEM: dict[type, str] = {RerankRequest: "document", DecodeRequest: "sequence"}
 _MODEL_KINDS: dict[str, str] = {
     Kind.EMBED: "an embedding model",
     Kind.RERANK: "a reranker (a cross-encoder)",
+    Kind.SPARSE: "a sparse encoder (SPLADE-style)",
 }
 _USE: dict[str, str] = {
     Kind.EMBED: "call embed(), not rerank()",
     Kind.RERANK: "call rerank(), not embed()",
+    Kind.SPARSE: "call embed_sparse()",
 }
 
 

@@ -39,12 +39,14 @@ from producer_sdk.options import (
     EmbedKeywords,
     EmbedOptions,
     RerankOptions,
+    SparseOptions,
     SubmitOptions,
     UnchunkedKeywords,
     check_texts,
 )
 from producer_sdk.pending import PendingCalls
 from producer_sdk.rerank import Reranked
+from producer_sdk.sparse import SparseEmbeddings
 from producer_sdk.tokens import (
     Decoding,
     Tokenization,
@@ -64,6 +66,7 @@ from schemas import (
     Request,
     RerankResult,
     Result,
+    SparseResult,
     TokenizeResult,
 )
 from schemas.headers import routing_headers
@@ -346,6 +349,44 @@ class EmbedClient:
             got = f"scores for {result.count} documents"
             raise UnexpectedResultError(request.id, f"{len(documents)} scores", got)
         return Reranked.from_result(result)
+
+    async def embed_sparse(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        top_k: int | None = None,
+        truncate: bool = True,
+        truncation_direction: Literal["right", "left"] | None = None,
+        timeout: float | None = None,
+    ) -> SparseEmbeddings:
+        """The term weights of each of ``texts`` by a sparse (SPLADE-style) encoder (a
+        model whose catalog ``kind`` is ``sparse``): a :class:`~producer_sdk.SparseEmbeddings`,
+        per text its nonzero weights as ascending vocabulary ids and float32 values (equal
+        to sentence-transformers' ``SparseEncoder.encode``). ``top_k`` keeps each text's
+        largest that many (default: the model's ``max_active_dims``, else all); prompts and
+        truncation as for :meth:`embed`.
+
+        Raises what :meth:`embed` raises (``invalid_request`` at once when the catalog says
+        ``model`` is of another kind); UnexpectedResultError when the worker answers
+        anything but the weights of these texts.
+        """
+        options = SparseOptions(
+            model=model,
+            prompt=prompt,
+            prompt_name=prompt_name,
+            top_k=top_k,
+            truncate=truncate,
+            truncation_direction=truncation_direction,
+        )
+        request = options.request(texts, self.config.max_input_chars, self.config.model)
+        result = await self._answer(request, timeout, SparseResult)
+        if result.count != len(texts):
+            got = f"weights for {result.count} texts"
+            raise UnexpectedResultError(request.id, f"weights for {len(texts)} texts", got)
+        return SparseEmbeddings.from_result(result)
 
     async def tokenize(
         self,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
 from producer_sdk.errors import InputTooLongError
-from schemas import CHUNK_POOLINGS, Chunking, EmbedRequest, Encoding, RerankRequest
+from schemas import CHUNK_POOLINGS, Chunking, EmbedRequest, Encoding, RerankRequest, SparseRequest
 from schemas.codec import is_valid_topic
 from schemas.v1 import MAX_ID_BYTES
 
@@ -25,6 +25,7 @@ __all__ = [
     "EmbedKeywords",
     "EmbedOptions",
     "RerankOptions",
+    "SparseOptions",
     "SubmitOptions",
     "UnchunkedKeywords",
     "check_lengths",
@@ -217,6 +218,48 @@ class RerankOptions:
             raw_scores=self.raw_scores,
             truncate=self.truncate,
             truncation_direction=self.truncation_direction,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SparseOptions:
+    """How to embed sparsely (the keywords of :meth:`producer_sdk.EmbedClient.embed_sparse`)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    prompt_name: str | None = None
+    top_k: int | None = None
+    truncate: bool = True
+    truncation_direction: str | None = None
+
+    def __post_init__(self) -> None:
+        top_k = self.top_k
+        if top_k is not None and (
+            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
+        ):
+            raise ValueError(f"top_k must be a positive integer or None, not {top_k!r}")
+        if self.prompt is not None and self.prompt_name is not None:
+            raise ValueError("prompt and prompt_name are exclusive: give the text or the name")
+        _check_side(self.truncation_direction)
+
+    def request(
+        self, texts: Sequence[str], max_input_chars: int, default_model: str | None
+    ) -> SparseRequest:
+        """The request for ``texts``, checked as :class:`EmbedOptions` checks them."""
+        check_texts(texts)
+        for index, text in enumerate(texts):
+            if not text:
+                raise ValueError(f"texts[{index}] is empty; the worker refuses empty inputs")
+        check_lengths(texts, max_input_chars)
+        return SparseRequest(
+            id=uuid.uuid4().hex,
+            inputs=tuple(texts),
+            model=self.model or default_model,
+            truncate=self.truncate,
+            truncation_direction=self.truncation_direction,
+            prompt=self.prompt,
+            prompt_name=self.prompt_name,
+            top_k=self.top_k,
         )
 
 

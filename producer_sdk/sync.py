@@ -187,6 +187,7 @@ class SyncEmbedClient:
     embed = _blocking(EmbedClient.embed)
     embed_result = _blocking(EmbedClient.embed_result)
     rerank = _blocking(EmbedClient.rerank)
+    embed_sparse = _blocking(EmbedClient.embed_sparse)
     tokenize = _blocking(EmbedClient.tokenize)
     decode = _blocking(EmbedClient.decode)
     submit = _blocking(EmbedClient.submit)

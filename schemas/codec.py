@@ -57,6 +57,10 @@ from schemas.messages import (
     rerank_request_body,
     rerank_result,
     rerank_result_body,
+    sparse_request,
+    sparse_request_body,
+    sparse_result,
+    sparse_result_body,
     tokenizer_request,
     tokenizer_request_body,
     tokenizer_result,
@@ -76,6 +80,8 @@ from schemas.v1 import (
     RerankResult,
     Result,
     Span,
+    SparseRequest,
+    SparseResult,
     TokenizeRequest,
     TokenizeResult,
 )
@@ -96,6 +102,8 @@ _T = TypeVar("_T")
 def encode_request(request: Request) -> bytes:
     if isinstance(request, RerankRequest):
         return _pack(rerank_request_body(request))
+    if isinstance(request, SparseRequest):
+        return _pack(sparse_request_body(request))
     if isinstance(request, TokenizeRequest | DecodeRequest):
         return _pack(tokenizer_request_body(request))
     body: dict[str, Any] = {"v": VERSION, "id": request.id, "inputs": list(request.inputs)}
@@ -132,6 +140,8 @@ def encode_result(result: Result) -> bytes:
         return _pack(tokenizer_result_body(result))
     if isinstance(result, RerankResult):
         return _pack(rerank_result_body(result))
+    if isinstance(result, SparseResult):
+        return _pack(sparse_result_body(result))
     if isinstance(result, EmbedResult):
         body["model"] = result.model
         body["dim"] = result.dim
@@ -222,6 +232,8 @@ def decode_result(data: bytes) -> Result:
     kind = None if body.get("kind") is None else field_value("kind", body["kind"], kind_name)
     if kind == Kind.RERANK:
         return rerank_result(body, result_id, meta)
+    if kind == Kind.SPARSE:
+        return sparse_result(body, result_id, meta)
     if kind in TOKENIZER_KINDS:
         return tokenizer_result(body, kind, result_id, meta)
     dim = required(body, "dim", positive)
@@ -386,6 +398,8 @@ def _request_from_map(body: dict[str, Any]) -> Request:
     kind = optional(body, "kind", kind_name) or Kind.EMBED
     if kind == Kind.RERANK:
         return rerank_request(body, request_id)
+    if kind == Kind.SPARSE:
+        return sparse_request(body, request_id)
     if kind in TOKENIZER_KINDS:
         return tokenizer_request(body, kind, request_id)
     inputs = required(body, "inputs", inputs_list)

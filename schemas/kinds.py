@@ -16,3 +16,5 @@ class Kind(StrEnum):
     """An embedding model: embed requests, answered with vectors."""
     RERANK = "rerank"
     """A cross-encoder: rerank requests ((query, document) pairs), answered with scores."""
+    SPARSE = "sparse"
+    """A sparse (SPLADE-style) encoder: sparse requests, answered with term weights."""

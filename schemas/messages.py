@@ -5,6 +5,7 @@ it has seen the ``kind``. Their layout is in ``schemas/README.md`` ("Reranking",
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 from schemas.fields import (
@@ -35,6 +36,8 @@ from schemas.v1 import (
     DecodeResult,
     RerankRequest,
     RerankResult,
+    SparseRequest,
+    SparseResult,
     TokenizeRequest,
     TokenizeResult,
     TokenizerRequest,
@@ -45,6 +48,10 @@ __all__ = [
     "rerank_request_body",
     "rerank_result",
     "rerank_result_body",
+    "sparse_request",
+    "sparse_request_body",
+    "sparse_result",
+    "sparse_result_body",
     "tokenizer_request",
     "tokenizer_request_body",
     "tokenizer_result",
@@ -190,8 +197,86 @@ def rerank_result(body: dict[str, Any], result_id: str, meta: Any) -> RerankResu
     )
 
 
+def sparse_request_body(request: SparseRequest) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "v": VERSION,
+        "id": request.id,
+        "kind": Kind.SPARSE.value,
+        "inputs": list(request.inputs),
+    }
+    put(body, "model", request.model)
+    if not request.truncate:
+        body["truncate"] = False
+    put(body, "truncation_direction", request.truncation_direction)
+    put(body, "prompt", request.prompt)
+    put(body, "prompt_name", request.prompt_name)
+    put(body, "top_k", request.top_k)
+    return _with_routing(body, request)
+
+
+def sparse_result_body(result: SparseResult) -> dict[str, Any]:
+    body: dict[str, Any] = {"v": VERSION, "id": result.id, "kind": Kind.SPARSE.value}
+    body["model"] = result.model
+    body["vocab"] = result.vocab
+    body["counts"] = list(result.counts)
+    body["indices"] = result.indices
+    body["values"] = result.values
+    body["tokens"] = list(result.tokens)
+    put(body, "requested_ms", result.requested_ms)
+    put(body, "meta", result.meta)
+    return body
+
+
+def sparse_request(body: dict[str, Any], request_id: str) -> SparseRequest:
+    prompt = optional(body, "prompt", string)
+    prompt_name = optional(body, "prompt_name", non_empty)
+    if prompt is not None and prompt_name is not None:
+        fail("'prompt' and 'prompt_name' are exclusive: give the text or the name")
+    return SparseRequest(
+        id=request_id,
+        inputs=required(body, "inputs", inputs_list),
+        model=optional(body, "model", non_empty),
+        truncate=flag(body, "truncate"),
+        truncation_direction=optional(body, "truncation_direction", direction),
+        prompt=prompt,
+        prompt_name=prompt_name,
+        top_k=optional(body, "top_k", positive),
+        **_routing(body),
+    )
+
+
+def sparse_result(body: dict[str, Any], result_id: str, meta: Any) -> SparseResult:
+    vocab = required(body, "vocab", positive)
+    counts = tuple(required(body, "counts", int_list))
+    tokens = tuple(required(body, "tokens", int_list))
+    indices = required(body, "indices", binary)
+    values = required(body, "values", binary)
+    if len(counts) != len(tokens):
+        fail(f"'counts' has {len(counts)} entries for {len(tokens)} in 'tokens'")
+    total = sum(counts)
+    if any(n < 0 or n > vocab for n in counts):
+        fail(f"'counts' must each be in 0..{vocab}")
+    if len(indices) != 4 * total or len(values) != 4 * total:
+        fail(f"'indices' and 'values' must hold {total} uint32 and {total} float32")
+    result = SparseResult(
+        id=result_id,
+        model=required(body, "model", string),
+        vocab=vocab,
+        counts=counts,
+        indices=indices,
+        values=values,
+        tokens=tokens,
+        requested_ms=optional(body, "requested_ms", non_negative),
+        meta=meta,
+    )
+    for ids, _ in result.rows():
+        if any(a >= b for a, b in pairwise(ids)) or (len(ids) and ids[-1] >= vocab):
+            fail(f"'indices' must ascend within each input and stay below 'vocab' {vocab}")
+    return result
+
+
 def _with_routing(
-    body: dict[str, Any], request: RerankRequest | TokenizerRequest
+    body: dict[str, Any], request: RerankRequest | SparseRequest | TokenizerRequest
 ) -> dict[str, Any]:
     """``body`` with the keys every kind of request ends with: deadline, reply, meta."""
     put(body, "deadline_ms", request.deadline_ms)

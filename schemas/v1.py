@@ -34,6 +34,8 @@ __all__ = [
     "ErrorResult",
     "RerankRequest",
     "RerankResult",
+    "SparseRequest",
+    "SparseResult",
     "ModelRequest",
     "Request",
     "Result",
@@ -224,6 +226,66 @@ class RerankResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SparseRequest:
+    """One sparse request (``kind`` ``sparse``): the term weights of each of ``inputs`` by a
+    sparse (SPLADE-style) encoder, answered on ``reply_to`` under ``id``."""
+
+    id: str
+    inputs: tuple[str, ...]
+    model: str | None = None
+    truncate: bool = True
+    truncation_direction: str | None = None
+    prompt: str | None = None
+    prompt_name: str | None = None
+    top_k: int | None = None
+    """Keep only each text's ``top_k`` largest weights (None: the model's
+    ``max_active_dims``, else every nonzero weight)."""
+    deadline_ms: int | None = None
+    reply_to: str | None = None
+    reply_partition: int | None = None
+    meta: dict[str, Any] | None = None
+
+    @property
+    def reply_topic(self) -> str:
+        return self.reply_to or DEFAULT_RESULTS_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class SparseResult:
+    """The term weights of a sparse request's inputs, in the request's order: input ``i``
+    has ``counts[i]`` nonzero weights, its entries of ``indices`` (little-endian uint32
+    vocabulary ids, ascending) and ``values`` (little-endian float32) following those of
+    the inputs before it; ``vocab`` is the vocabulary's size (the vectors' dimension)."""
+
+    id: str
+    model: str
+    vocab: int
+    counts: tuple[int, ...]
+    indices: bytes
+    values: bytes
+    tokens: tuple[int, ...]
+    requested_ms: int | None = None
+    meta: dict[str, Any] | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.counts)
+
+    def rows(self) -> list[tuple[array[int], array[float]]]:
+        """Per input, its (indices, weights), for clients without numpy."""
+        ids = array("I")
+        ids.frombytes(self.indices)
+        if sys.byteorder != "little":
+            ids.byteswap()
+        weights = unpack_float32(self.values)
+        out, start = [], 0
+        for n in self.counts:
+            out.append((ids[start : start + n], weights[start : start + n]))
+            start += n
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorInfo:
     code: ErrorCode | str
     message: str
@@ -317,12 +379,12 @@ class DecodeResult:
         return len(self.texts)
 
 
-ModelRequest = EmbedRequest | RerankRequest
+ModelRequest = EmbedRequest | RerankRequest | SparseRequest
 """A request the model computes (batched, encoded)."""
 TokenizerRequest = TokenizeRequest | DecodeRequest
 """A request the model's tokenizer answers alone."""
 Request = ModelRequest | TokenizerRequest
-Result = EmbedResult | RerankResult | TokenizeResult | DecodeResult | ErrorResult
+Result = EmbedResult | RerankResult | SparseResult | TokenizeResult | DecodeResult | ErrorResult
 
 
 def pack_float32(values: array[float]) -> bytes:

@@ -35,6 +35,7 @@ from schemas import (
     ErrorResult,
     RerankResult,
     SchemaError,
+    SparseResult,
     TokenizeResult,
     decode_result,
 )
@@ -56,6 +57,7 @@ _NOT_VECTORS: dict[type, str] = {
     RerankResult: "a rerank result holds scores",
     TokenizeResult: "a tokenize result holds tokens",
     DecodeResult: "a decode result holds texts",
+    SparseResult: "a sparse result holds term weights (sinks do not write them yet)",
 }
 
 DOCS_KEY = "docs"
@@ -144,7 +146,7 @@ def rows_of(value: bytes | None, record_ms: int = 0) -> RowsOf | Refused:
         result = decode_result(value)
     except SchemaError as exc:
         return Refused(INVALID_RESULT, f"not a valid result: {exc.message}")
-    if isinstance(result, RerankResult | TokenizeResult | DecodeResult):
+    if isinstance(result, RerankResult | SparseResult | TokenizeResult | DecodeResult):
         return Refused(INVALID_RESULT, f"{_NOT_VECTORS[type(result)]}, not vectors", result.id)
     keys = tuple(str(key) for key in result.keys or ())
     if isinstance(result, ErrorResult):

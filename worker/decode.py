@@ -30,6 +30,7 @@ from schemas import (
     Request,
     RerankRequest,
     SchemaError,
+    SparseRequest,
     TokenizeRequest,
     TokenizerRequest,
     decode_request,
@@ -205,6 +206,8 @@ def _check(
         return wrong_kind(model.name, model.kind)
     if isinstance(request, RerankRequest):
         return None
+    if isinstance(request, SparseRequest):
+        return _check_prompt_name(request.prompt_name, model)
     return _check_embed(request, model)
 
 
@@ -224,7 +227,7 @@ def _too_many_chars(request: Request, limit: int) -> ErrorInfo | None:
         texts, what = request.documents, "document"
     elif isinstance(request, DecodeRequest):
         return None
-    elif isinstance(request, TokenizeRequest) or request.chunking is None:
+    elif isinstance(request, TokenizeRequest | SparseRequest) or request.chunking is None:
         texts, what = request.inputs, "input"
     else:
         return None

@@ -17,7 +17,7 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["none", "int8", "nf4"]
 Pooling = Literal["auto", "mean", "cls", "max", "lasttoken", "mean_sqrt_len"]
 TruncationDirection = Literal["right", "left"]
-ModelKind = Literal["auto", "embed", "rerank"]
+ModelKind = Literal["auto", "embed", "rerank", "sparse"]
 
 
 class ModelSpec(BaseModel):
@@ -119,8 +119,10 @@ class ModelFields(BaseModel):
         "auto",
         description="What the model computes: embed (vectors: an embedding model), rerank "
         "(a relevance score per (query, document) pair: a one-label cross-encoder in "
-        "sentence-transformers' CrossEncoder layout) or auto (rerank when the model's "
-        "config.json names a ...ForSequenceClassification architecture, else embed). A "
+        "sentence-transformers' CrossEncoder layout), sparse (term weights: a SPLADE-style "
+        "encoder in sentence-transformers' SparseEncoder layout) or auto (rerank when the "
+        "model's config.json names a ...ForSequenceClassification architecture, sparse for "
+        "a SparseEncoder folder, else embed). A "
         "model answers requests of its own kind only.",
     )
     models: tuple[ModelSpec, ...] = Field(
@@ -128,7 +130,7 @@ class ModelFields(BaseModel):
         description="Several models in one worker, as a JSON list of objects with the keys "
         "model (required), name, aliases, dtype, quantization, max_seq_length, pooling, "
         "truncation_direction, prompts, default_prompt_name, requests_topic, bulk_topic, "
-        "kind (auto, embed or rerank: see model_kind) (a "
+        "kind (auto, embed, rerank or sparse: see model_kind) (a "
         "model with its own requests_topic T has bulk topic T.bulk unless given); each "
         "gets its own batcher, and requests pick one by name or alias. Unset keys take the "
         "worker-wide setting. When set, the single-model settings above (model, model_name, "

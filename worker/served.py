@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from schemas import EmbedRequest, Kind
+from schemas import EmbedRequest, Kind, SparseRequest
 from schemas.catalog import ModelDescription
 from worker.encoder import Encoder
 from worker.encoder.models import detect_kind
@@ -68,7 +68,7 @@ class ServedModel:
             kind=self.kind,
         )
 
-    def prompt_for(self, request: EmbedRequest) -> str:
+    def prompt_for(self, request: EmbedRequest | SparseRequest) -> str:
         """The text put before each input: the request's prompt, its named prompt, or the
         model's default prompt."""
         if request.prompt is not None:
@@ -88,9 +88,9 @@ def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozen
     probe = TextTokenizer.from_model_dir(model_dir, 512)
     device = resolve_device(settings.device)
     kind = model_kind(settings, model_dir)
-    if kind == Kind.RERANK:
-        # Nothing tunes a reranker (worker.tuning): it serves as configured, auto = fp32
-        # (exact), compiled only when asked for.
+    if kind in (Kind.RERANK, Kind.SPARSE):
+        # Nothing tunes a reranker or a sparse encoder (worker.tuning): it serves as
+        # configured, auto = fp32 (exact), compiled only when asked for.
         dtype = initial_candidate(settings.dtype, device.type).dtype
         compile = settings.torch_compile == "on" and settings.quantization == "none"
     elif settings.quantization == "none":
@@ -112,6 +112,10 @@ def load_model(settings: WorkerSettings) -> tuple[Encoder, TextTokenizer, frozen
         from worker.encoder.cross_encoder import TorchCrossEncoder
 
         encoder = TorchCrossEncoder(model_dir, settings.served_name(), **options)
+    elif kind == Kind.SPARSE:
+        from worker.encoder.sparse import TorchSparseEncoder
+
+        encoder = TorchSparseEncoder(model_dir, settings.served_name(), **options)
     else:
         encoder = TorchEncoder(
             model_dir, settings.served_name(), pooling=settings.pooling, **options
@@ -136,6 +140,11 @@ def model_kind(settings: WorkerSettings, model_dir: Path) -> Kind:
         raise ValueError(
             f"{model_dir} is configured as a reranker (kind rerank) but is no sequence "
             "classifier: its config.json names no ...ForSequenceClassification architecture"
+        )
+    if settings.model_kind == Kind.SPARSE.value and detected != Kind.SPARSE:
+        raise ValueError(
+            f"{model_dir} is configured as a sparse encoder (kind sparse) but is no "
+            "sentence-transformers SparseEncoder folder (MLMTransformer -> SpladePooling)"
         )
     return Kind(settings.model_kind)
 

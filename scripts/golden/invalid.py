@@ -8,6 +8,7 @@ from typing import Any
 from scripts.golden.common import (
     pack,
 )
+from scripts.golden.sparse import sparse_invalid_cases
 from scripts.golden.tokenizer import tokenizer_invalid_cases
 
 
@@ -124,6 +125,7 @@ def invalid_cases() -> list[dict[str, Any]]:
             eid,
         ),
         *tokenizer_invalid_cases(),
+        *sparse_invalid_cases(),
     ]
     return [
         {"name": name, "hex": data.hex(), "code": code, "index": index, "envelope_id": envelope}

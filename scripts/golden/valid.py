@@ -15,6 +15,7 @@ from scripts.golden.common import (
     pack_float32_meta,
     sign_bits,
 )
+from scripts.golden.sparse import sparse_valid_cases
 from scripts.golden.tokenizer import tokenizer_valid_cases
 
 
@@ -267,6 +268,7 @@ def later_valid_cases() -> list[tuple[str, str, dict[str, Any], str]]:
         *rerank_cases(),
         *pooling_cases(),
         *tokenizer_valid_cases(),
+        *sparse_valid_cases(),
     ]
 
 

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -472,4 +472,40 @@ def bert_instructor(root: Path, bundled: Path) -> Path:
         prompts={"query": "Represent the question for retrieving supporting documents: "},
         include_prompt=False,
     )
+    return target
+
+
+def splade(
+    root: Path, bundled: Path, *, strategy: Literal["max", "sum"] = "max", top: int | None = None
+) -> Path:
+    """A SPLADE-style sparse encoder in sentence-transformers' SparseEncoder layout,
+    written by the installed sentence-transformers: BERT with its masked-LM head (the
+    bundled WordPiece), SpladePooling ``strategy``, ``query``/``document`` prompts, length
+    limit 64, and ``max_active_dims`` ``top``. The head's bias is shifted down (-0.35) so
+    that, as in a trained SPLADE model, most terms weigh zero: a few hundred per text."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+    from transformers import BertConfig, BertForMaskedLM
+
+    hf = root / f"splade-hf-{strategy}"
+
+    def model() -> Any:
+        config = BertConfig(vocab_size=30522, **SIZE, max_position_embeddings=128)
+        mlm = BertForMaskedLM(config)
+        with torch.no_grad():
+            mlm.cls.predictions.bias.sub_(0.35)
+        return mlm
+
+    _save(hf, SEED + 7, model, bundled)
+    encoder = SparseEncoder(
+        modules=[
+            Transformer(str(hf), transformer_task="fill-mask", max_seq_length=64),
+            SpladePooling(strategy),
+        ],
+        prompts={"query": "query: ", "document": ""},
+        max_active_dims=top,
+    )
+    target = root / f"splade-{strategy}{'' if top is None else f'-top{top}'}"
+    encoder.save(str(target))
     return target

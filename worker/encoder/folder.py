@@ -29,6 +29,7 @@ __all__ = [
     "DENSE_ACTIVATIONS",
     "DenseLayer",
     "ModelFolder",
+    "length_limit",
     "UnsupportedModelError",
     "read_folder",
     "usable_positions",
@@ -129,7 +130,7 @@ def read_folder(model_dir: Path) -> ModelFolder:
     truncate_dim = st_config.get("truncate_dim")
     if truncate_dim is not None and (not isinstance(truncate_dim, int) or truncate_dim < 1):
         raise UnsupportedModelError(f"{model_dir.name}: truncate_dim must be a positive int")
-    limit = _length_limit(model_dir)
+    limit = length_limit(model_dir)
     modules_path = model_dir / "modules.json"
     if not modules_path.is_file():
         return ModelFolder(truncate_dim=truncate_dim, max_seq_length=limit)
@@ -250,7 +251,7 @@ def _dense(where: Path, name: str) -> DenseLayer:
         raise UnsupportedModelError(message) from None
 
 
-def _length_limit(model_dir: Path) -> int | None:
+def length_limit(model_dir: Path) -> int | None:
     """sentence-transformers' ``max_seq_length``: version 5 keeps it in
     ``sentence_bert_config.json``, version 6 as the tokenizer's ``model_max_length``. A
     tokenizer's "no limit" (a huge number) is no limit."""

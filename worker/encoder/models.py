@@ -89,8 +89,13 @@ _TORCH_MODULES = ("torch.nn", "torch.nn.modules.activation", "torch.nn.modules.l
 
 def detect_kind(model_dir: Path) -> Kind:
     """``rerank`` for a sequence classifier (``config.json`` ``architectures`` ending in
-    ``ForSequenceClassification``: a cross-encoder), else ``embed``. Reads the config only
+    ``ForSequenceClassification``: a cross-encoder), ``sparse`` for a sentence-transformers
+    sparse encoder (``worker.encoder.sparse_folder``), else ``embed``. Reads the config only
     (no torch)."""
+    from worker.encoder.sparse_folder import is_sparse
+
+    if is_sparse(model_dir):
+        return Kind.SPARSE
     path = model_dir / "config.json"
     config = json.loads(path.read_text()) if path.is_file() else {}
     architectures = config.get("architectures") or []

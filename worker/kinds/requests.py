@@ -12,6 +12,7 @@ from schemas import (
     Kind,
     Request,
     RerankRequest,
+    SparseRequest,
     TokenizeRequest,
 )
 
@@ -24,6 +25,8 @@ def request_kind(request: Request) -> str:
         return "tokenize"
     if isinstance(request, DecodeRequest):
         return "decode"
+    if isinstance(request, SparseRequest):
+        return Kind.SPARSE
     return Kind.RERANK if isinstance(request, RerankRequest) else Kind.EMBED
 
 
@@ -45,6 +48,8 @@ def wrong_kind(model: str, kind: str) -> ErrorInfo:
     """The ``invalid_request`` for a request of the other kind than ``model``'s."""
     if kind == Kind.RERANK:
         message = f"model {model} is a reranker (kind rerank): send rerank requests"
+    elif kind == Kind.SPARSE:
+        message = f"model {model} is a sparse encoder (kind sparse): send sparse requests"
     else:
         message = f"model {model} is an embedding model (kind embed): send embed requests"
     return ErrorInfo(ErrorCode.INVALID_REQUEST, message)

@@ -1,0 +1,158 @@
+"""Sparse (SPLADE-style) encoders served through Kafka by a real worker, held to
+sentence-transformers' ``SparseEncoder.encode`` within 1e-4 per weight: tiny random-weight
+masked-LM models in the SparseEncoder layout (tests/support/tiny_models.py ``splade``), max
+and sum pooling, the model's ``max_active_dims`` and a request's ``top_k``, prompts, both
+truncation sides on over-long texts, and mixed-length concurrent calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from producer_sdk import EmbedClient, EmbedError, SparseEmbeddings
+from scripts.kafka_local import LocalKafka, TopicSpec
+from tests.conftest import WorkerProcess
+from tests.support.tiny_models import splade
+
+pytestmark = pytest.mark.integration
+
+TAG = uuid.uuid4().hex[:6]
+REQUESTS = f"test.sparse.requests.{TAG}"
+RESULTS = f"test.sparse.results.{TAG}"
+
+
+@pytest.fixture(scope="module")
+def sparse_folders(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sparse")
+    return {
+        "splade": splade(root, model_dir),
+        "splade-sum": splade(root, model_dir, strategy="sum"),
+        "splade-top16": splade(root, model_dir, top=16),
+    }
+
+
+@pytest.fixture(scope="module")
+def sparse_worker(
+    kafka: LocalKafka, sparse_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    kafka.create_topics([TopicSpec(REQUESTS, 2), TopicSpec(RESULTS, 2)])
+    models: list[dict[str, Any]] = [
+        {"model": str(folder), "name": name} for name, folder in sparse_folders.items()
+    ]
+    models.append({"model": str(sparse_folders["splade"]), "name": "splade-left",
+                   "truncation_direction": "left"})  # fmt: skip
+    models.append({"model": "sentence-transformers/all-MiniLM-L6-v2", "name": "minilm"})
+    process = WorkerProcess.serving(
+        kafka.bootstrap_servers,
+        tmp_path_factory.mktemp("sparse-worker") / "worker.log",
+        (REQUESTS, RESULTS),
+        models=json.dumps(models),
+    )
+    yield process
+    assert process.stop() == 0
+
+
+def _reference(
+    path: Path,
+    texts: list[str],
+    *,
+    side: str = "right",
+    prompt_name: str | None = None,
+    top_k: int | None = None,
+) -> npt.NDArray[np.float32]:
+    from sentence_transformers import SparseEncoder
+
+    model = SparseEncoder(str(path), device="cpu")
+    model.tokenizer.truncation_side = side
+    weights = model.encode(
+        texts, prompt_name=prompt_name, max_active_dims=top_k, convert_to_tensor=True
+    )
+    return np.asarray(weights.to_dense().numpy(), dtype=np.float32)
+
+
+def _check(answer: SparseEmbeddings, reference: npt.NDArray[np.float32]) -> None:
+    dense = answer.to_dense()
+    assert dense.shape == reference.shape
+    assert float(np.abs(dense - reference).max()) <= 1e-4
+    # The terms kept are the reference's (a weight under 1e-4 may fall either side of 0).
+    for row in range(len(answer)):
+        ids, values = answer[row]
+        assert np.all(np.diff(ids.astype(np.int64)) > 0)  # ascending, distinct
+        assert np.all(values > 0)
+        expected = set(np.flatnonzero(reference[row] > 1e-4).tolist())
+        assert expected <= set(ids.tolist()) <= set(np.flatnonzero(reference[row] > 0).tolist())
+
+
+async def test_sparse_weights_equal_sentence_transformers_through_kafka(
+    kafka: LocalKafka,
+    sparse_worker: WorkerProcess,
+    sparse_folders: dict[str, Path],
+    family_mix: list[str],
+) -> None:
+    """Every model and option, asked concurrently (all texts at once and one text a call,
+    interleaved, so batches mix lengths and complete out of order)."""
+    cases: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+        ("splade", {}, {}),
+        ("splade-sum", {}, {}),
+        ("splade-top16", {}, {"top_k": 16}),
+        ("splade", {"top_k": 8}, {"top_k": 8}),
+        ("splade", {"prompt_name": "query"}, {"prompt_name": "query"}),
+        ("splade-left", {}, {"side": "left"}),
+        ("splade", {"truncation_direction": "left"}, {"side": "left"}),
+    ]
+    async with EmbedClient(
+        kafka.bootstrap_servers, requests_topic=REQUESTS, reply_topic=RESULTS
+    ) as client:
+        calls = []
+        for model, options, _ in cases:
+            calls.append(client.embed_sparse(family_mix, model=model, timeout=120, **options))
+            calls.extend(
+                client.embed_sparse([text], model=model, timeout=120, **options)
+                for text in family_mix
+            )
+        answers = await asyncio.gather(*calls)
+    per_case = 1 + len(family_mix)
+    for i, (model, _, reference_options) in enumerate(cases):
+        whole, *singles = answers[i * per_case : (i + 1) * per_case]
+        folder = sparse_folders[model.removesuffix("-left")]
+        reference = _reference(folder, family_mix, **reference_options)
+        assert whole.model == model
+        assert whole.vocab == 30522
+        _check(whole, reference)
+        for row, single in enumerate(singles):
+            _check(single, reference[row : row + 1])
+        if "top_k" in reference_options:
+            assert max(np.diff(whole.indptr)) == reference_options["top_k"]
+    # The options really change the weights, or the checks above could not tell them apart.
+    plain = _reference(sparse_folders["splade"], family_mix)
+    long = family_mix.index(max(family_mix, key=len))
+    left = _reference(sparse_folders["splade"], family_mix, side="left")
+    assert float(np.abs(plain[long] - left[long]).max()) > 1e-2
+    summed = _reference(sparse_folders["splade-sum"], family_mix)
+    assert float(np.abs(plain - summed).max()) > 1e-2
+
+
+async def test_a_sparse_model_answers_only_sparse_requests(
+    kafka: LocalKafka, sparse_worker: WorkerProcess
+) -> None:
+    """Vectors asked of a sparse encoder, and weights of an embedding model: each one
+    invalid_request naming the model's kind, and the worker goes on serving."""
+    async with EmbedClient(
+        kafka.bootstrap_servers, requests_topic=REQUESTS, reply_topic=RESULTS
+    ) as client:
+        with pytest.raises(EmbedError, match="sparse") as vectors:
+            await client.embed(["a text"], model="splade", timeout=60)
+        with pytest.raises(EmbedError, match="embedding model") as weights:
+            await client.embed_sparse(["a text"], model="minilm", timeout=60)
+        assert vectors.value.code == weights.value.code == "invalid_request"
+        answer = await client.embed_sparse(["still served"], model="splade", timeout=60)
+    assert len(answer) == 1
+    assert len(answer[0].indices) > 0
