@@ -46,7 +46,17 @@ log = structlog.get_logger("kembed.gateway")
 
 CLIENT_ID = "kembed-gateway"
 TEI_ENDPOINTS = frozenset(
-    {"/", "/invocations", "/embed", "/rerank", "/similarity", "/tokenize", "/decode", "/info"}
+    {
+        "/",
+        "/invocations",
+        "/embed",
+        "/embed_sparse",
+        "/rerank",
+        "/similarity",
+        "/tokenize",
+        "/decode",
+        "/info",
+    }
 )
 """The endpoints that answer errors in TEI's shape (``/v2/...``: Cohere's; the others,
 unknown paths included: OpenAI's)."""

@@ -38,7 +38,7 @@ __all__ = [
 
 Shape = Literal["openai", "tei", "cohere"]
 """The error body a route answers with: OpenAI's (``/v1/...``), TEI's (``/``, ``/embed``,
-``/rerank``, ``/similarity``, ``/info``) or Cohere's (``/v2/...``)."""
+``/embed_sparse``, ``/rerank``, ``/similarity``, ``/info``) or Cohere's (``/v2/...``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from producer_sdk.catalog import CatalogModel
 from producer_sdk.encodings import Embeddings
 from producer_sdk.errors import EmbedTimeoutError, KembedError
 from producer_sdk.rerank import Reranked
+from producer_sdk.sparse import SparseEmbeddings
 from producer_sdk.tokens import Decoding, Tokenization
 from schemas import Encoding, Kind
 
@@ -39,11 +40,13 @@ _MAX_NAME_SHOWN = 200
 _KIND_NAMES: dict[str, str] = {
     Kind.EMBED: "an embedding model",
     Kind.RERANK: "a reranker (a cross-encoder)",
+    Kind.SPARSE: "a sparse encoder (SPLADE-style)",
 }
 _KIND_USE: dict[str, str] = {
     Kind.EMBED: "embed with it (POST /v1/embeddings, /v2/embed, /embed), or name a reranker",
     Kind.RERANK: "rerank with it (POST /v1/rerank, /v2/rerank, /rerank), or name an "
     "embedding model",
+    Kind.SPARSE: "ask it for term weights (POST /embed_sparse), or name an embedding model",
 }
 T = TypeVar("T")
 
@@ -77,6 +80,14 @@ class GatewayClient(Protocol):
         timeout: float | None = None,
         **options: Unpack[RerankOptions],
     ) -> Reranked: ...
+
+    async def embed_sparse(
+        self,
+        texts: Sequence[str],
+        *,
+        timeout: float | None = None,
+        **options: Unpack[SparseOptions],
+    ) -> SparseEmbeddings: ...
 
     async def tokenize(
         self,
@@ -118,6 +129,16 @@ class RerankOptions(TypedDict, total=False):
     model: str | None
     top_n: int | None
     raw_scores: bool
+    truncate: bool
+    truncation_direction: Literal["right", "left"] | None
+
+
+class SparseOptions(TypedDict, total=False):
+    """How to embed sparsely: keyword arguments of :meth:`producer_sdk.EmbedClient.embed_sparse`."""
+
+    model: str | None
+    prompt_name: str | None
+    top_k: int | None
     truncate: bool
     truncation_direction: Literal["right", "left"] | None
 
@@ -187,6 +208,20 @@ class Gateway:
 
         return await self._bounded(model, Kind.RERANK, call, field)
 
+    async def embed_sparse(
+        self, texts: Sequence[str], options: SparseOptions, field: str = "inputs"
+    ) -> Outcome[SparseEmbeddings]:
+        """The term weights of ``texts`` by the model named, else :meth:`default_of` kind
+        sparse; raises ApiError for everything that is not one."""
+        self.check_inputs(texts, field)
+        model = options.get("model") or await self.default_of(Kind.SPARSE)
+        chosen: SparseOptions = {**options, "model": model}
+
+        def call(wait: float) -> Awaitable[SparseEmbeddings]:
+            return self.client.embed_sparse(texts, timeout=wait, **chosen)
+
+        return await self._bounded(model, Kind.SPARSE, call, field)
+
     async def tokenize(
         self, texts: Sequence[str], add_special_tokens: bool, prompt_name: str | None
     ) -> Outcome[Tokenization]:
@@ -229,27 +264,36 @@ class Gateway:
     async def default_reranker(self) -> str:
         """``rerank_model`` when set, else the one live model of kind ``rerank`` in the
         catalog; ApiError when there is none (``model_not_found``) or several."""
-        if self.settings.rerank_model is not None:
-            return self.settings.rerank_model
+        return await self.default_of(Kind.RERANK)
+
+    async def default_of(self, kind: str) -> str:
+        """The gateway's configured model of ``kind`` (``rerank_model``, ``sparse_model``)
+        when set, else the one live model of ``kind`` in the catalog; ApiError when there
+        is none (``model_not_found``) or several."""
+        setting = "rerank_model" if kind == Kind.RERANK else "sparse_model"
+        configured: str | None = getattr(self.settings, setting)
+        if configured is not None:
+            return configured
         try:
             models = await self.catalog.models()
         except KembedError as exc:
             raise _failed(from_sdk(exc), exc) from None
-        rerankers = [model.name for model in models if model.kind == Kind.RERANK]
-        if not rerankers:
+        names = [model.name for model in models if model.kind == kind]
+        noun = "reranker" if kind == Kind.RERANK else "sparse encoder"
+        if not names:
             raise ApiError(
                 "model_not_found",
-                "no live worker serves a reranker (a model of kind rerank)",
+                f"no live worker serves a {noun} (a model of kind {kind})",
                 param="model",
             )
-        if len(rerankers) > 1:
+        if len(names) > 1:
             raise ApiError(
                 "invalid_request",
-                f"{len(rerankers)} rerankers are served ({', '.join(rerankers)}): name one in "
-                "'model', or set the gateway's KEMBED_GATEWAY_RERANK_MODEL",
+                f"{len(names)} {noun}s are served ({', '.join(names)}): name one in 'model', "
+                f"or set the gateway's KEMBED_GATEWAY_{setting.upper()}",
                 param="model",
             )
-        return rerankers[0]
+        return names[0]
 
     async def _bounded(
         self,

@@ -94,6 +94,11 @@ class GatewaySettings(BaseSettings):
         description="The reranker POST /rerank (TEI, which names no model) and POST /v1/rerank "
         "without a model ask for; unset: the one live model of kind rerank in the catalog.",
     )
+    sparse_model: str | None = Field(
+        None,
+        description="The sparse encoder POST /embed_sparse (TEI, which names no model) asks "
+        "for; unset: the one live model of kind sparse in the catalog.",
+    )
     requests_topic: str = Field(
         "embed.requests",
         description="Interactive request topic (when the catalog names no topic for a model).",
@@ -107,9 +112,9 @@ class GatewaySettings(BaseSettings):
 
     _keys: tuple[str, ...] = PrivateAttr(default=())
 
-    _blank = field_validator("api_keys", "api_keys_file", "model", "rerank_model", mode="before")(
-        none_if_blank
-    )
+    _blank = field_validator(
+        "api_keys", "api_keys_file", "model", "rerank_model", "sparse_model", mode="before"
+    )(none_if_blank)
 
     @model_validator(mode="after")
     def _read_keys(self) -> Self:

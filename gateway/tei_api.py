@@ -1,13 +1,15 @@
-"""text-embeddings-inference's routes: ``POST /embed``, ``/rerank``, ``/similarity``,
-``/tokenize``, ``/decode`` and ``/`` (and ``/invocations``, SageMaker's name for it), and
-``GET /info``.
+"""text-embeddings-inference's routes: ``POST /embed``, ``/embed_sparse``, ``/rerank``,
+``/similarity``, ``/tokenize``, ``/decode`` and ``/`` (and ``/invocations``, SageMaker's
+name for it), and ``GET /info``.
 
 TEI serves one model, so a request names none: ``/embed`` and ``/similarity`` ask for the
 gateway's configured ``model`` (``KEMBED_GATEWAY_MODEL``), or the workers' default when
 that is unset; ``/rerank`` for its ``rerank_model``, or the one reranker in the catalog.
 ``/embed`` answers a list of float lists, one per input, in order; ``/rerank`` a list of
 ``{index, score}`` (and ``text`` with ``return_text``), one per text, highest score first;
-``/similarity`` the cosine similarity of ``source_sentence`` to each of ``sentences``.
+``/similarity`` the cosine similarity of ``source_sentence`` to each of ``sentences``;
+``/embed_sparse`` (its ``sparse_model``, or the one sparse encoder in the catalog) per input
+a list of ``{index, value}``, its nonzero term weights, vocabulary ids ascending.
 TEI's ``POST /`` is the route of the model it serves; kembed serves both kinds, so ``/``
 answers by the body: ``query`` and ``texts`` rerank, ``inputs`` holding ``source_sentence``
 is a similarity, any other ``inputs`` embeds (what ``huggingface_hub.InferenceClient``
@@ -30,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gateway.common import Service, json_response, refuse_token_ids, texts_of
 from gateway.errors import ApiError, from_sdk
 from gateway.fast_path import FastRoute, optional_of, plain_texts
-from gateway.service import EmbedOptions, RerankOptions
+from gateway.service import EmbedOptions, RerankOptions, SparseOptions
 from kembed_shared.version import kembed_version
 from producer_sdk.errors import KembedError
 from schemas import Kind
@@ -38,6 +40,8 @@ from schemas import Kind
 __all__ = [
     "FAST_EMBED",
     "TeiEmbedRequest",
+    "TeiEmbedSparseRequest",
+    "TeiSparseValue",
     "TeiRank",
     "TeiRerankRequest",
     "TeiDecodeRequest",
@@ -65,6 +69,26 @@ class TeiEmbedRequest(BaseModel):
     dimensions: int | None = Field(None, gt=0, description="Keep the first N dimensions.")
 
     _no_token_ids = field_validator("inputs", mode="before")(refuse_token_ids)
+
+
+class TeiEmbedSparseRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: str | list[str] = Field(description="A text or a list of texts (not token ids).")
+    truncate: bool = Field(
+        False, description="Cut inputs over the model's maximum length; false: an error."
+    )
+    truncation_direction: Direction = Field(
+        "Right", description="Which end of a too-long input is cut (Right keeps the start)."
+    )
+    prompt_name: str | None = Field(None, description="One of the model's named prompts.")
+
+    _no_token_ids = field_validator("inputs", mode="before")(refuse_token_ids)
+
+
+class TeiSparseValue(BaseModel):
+    index: int
+    value: float
 
 
 class TeiRerankRequest(BaseModel):
@@ -204,6 +228,28 @@ def _plain_embed_request(data: dict[str, Any]) -> TeiEmbedRequest | None:
 
 FAST_EMBED = FastRoute(_plain_embed_request, embed)
 """TEI's ``POST /embed``'s fast path (gateway.fast_path)."""
+
+
+@router.post("/embed_sparse", response_model=list[list[TeiSparseValue]])
+async def embed_sparse(body: TeiEmbedSparseRequest, request: Request, gateway: Service) -> Response:
+    """The term weights of ``inputs`` by the gateway's sparse encoder: per input, its
+    nonzero weights as ``{index, value}`` (vocabulary id, weight), ids ascending."""
+    texts = texts_of(body.inputs, request)
+    options: SparseOptions = {
+        "model": gateway.settings.sparse_model,
+        "truncate": body.truncate,
+        "prompt_name": body.prompt_name,
+        "truncation_direction": _direction(body.truncation_direction),
+    }
+    outcome = await gateway.embed_sparse(texts, options)
+    request.state.model = outcome.model
+    weights = outcome.result
+    return json_response(
+        [
+            [{"index": i, "value": v} for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+            for ids, values in (weights[row] for row in range(len(weights)))
+        ]
+    )
 
 
 @router.post("/rerank", response_model=list[TeiRank], response_model_exclude_none=True)

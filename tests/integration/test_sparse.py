@@ -13,13 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import numpy.typing as npt
 import pytest
 
 from producer_sdk import EmbedClient, EmbedError, SparseEmbeddings
-from scripts.kafka_local import LocalKafka, TopicSpec
+from scripts.kafka_local import CATALOG_TOPIC_CONFIG, LocalKafka, TopicSpec
 from tests.conftest import WorkerProcess
+from tests.integration.test_gateway import GatewayProcess
 from tests.support.tiny_models import splade
 
 pytestmark = pytest.mark.integration
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.integration
 TAG = uuid.uuid4().hex[:6]
 REQUESTS = f"test.sparse.requests.{TAG}"
 RESULTS = f"test.sparse.results.{TAG}"
+CATALOG = f"test.sparse.catalog.{TAG}"
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,14 @@ def sparse_folders(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) ->
 def sparse_worker(
     kafka: LocalKafka, sparse_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
-    kafka.create_topics([TopicSpec(REQUESTS, 2), TopicSpec(RESULTS, 2)])
+    kafka.create_topics(
+        [
+            TopicSpec(REQUESTS, 2),
+            TopicSpec(RESULTS, 2),
+            TopicSpec(CATALOG, 1, CATALOG_TOPIC_CONFIG),
+            TopicSpec(f"{RESULTS}.gateway", 2),
+        ]
+    )
     models: list[dict[str, Any]] = [
         {"model": str(folder), "name": name} for name, folder in sparse_folders.items()
     ]
@@ -55,9 +65,31 @@ def sparse_worker(
         tmp_path_factory.mktemp("sparse-worker") / "worker.log",
         (REQUESTS, RESULTS),
         models=json.dumps(models),
+        catalog_topic=CATALOG,
     )
     yield process
     assert process.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def sparse_gateway(
+    kafka: LocalKafka, sparse_worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    """TEI's /embed_sparse names no model: the gateway's sparse_model says which."""
+    process = GatewayProcess(
+        kafka.bootstrap_servers,
+        tmp_path_factory.mktemp("sparse-gateway") / "gateway.log",
+        requests_topic=REQUESTS,
+        reply_topic=f"{RESULTS}.gateway",
+        catalog_topic=CATALOG,
+        sparse_model="splade",
+        timeout_s=60,
+    )
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
 
 
 def _reference(
@@ -156,3 +188,36 @@ async def test_a_sparse_model_answers_only_sparse_requests(
         answer = await client.embed_sparse(["still served"], model="splade", timeout=60)
     assert len(answer) == 1
     assert len(answer[0].indices) > 0
+
+
+def test_tei_embed_sparse_answers_in_teis_shape(
+    sparse_gateway: GatewayProcess, sparse_folders: dict[str, Path], family_mix: list[str]
+) -> None:
+    """``POST /embed_sparse`` as TEI answers it: per input a list of ``{index, value}``,
+    equal to sentence-transformers within 1e-4; a prompt by name, the left end cut; TEI's
+    error shape for an input over the window without ``truncate``."""
+    with httpx.Client(base_url=sparse_gateway.url, timeout=90) as http:
+        plain = http.post("/embed_sparse", json={"inputs": family_mix, "truncate": True})
+        options = {"truncate": True, "truncation_direction": "Left", "prompt_name": "query"}
+        one = http.post("/embed_sparse", json={"inputs": family_mix[5], **options})
+        refused = http.post("/embed_sparse", json={"inputs": family_mix[5]})
+    assert plain.status_code == 200, plain.text
+    reference = _reference(sparse_folders["splade"], family_mix)
+    answers = plain.json()
+    assert len(answers) == len(family_mix)
+    for row, entries in enumerate(answers):
+        assert set(entries[0]) == {"index", "value"}
+        ids = [entry["index"] for entry in entries]
+        assert ids == sorted(ids)
+        dense = np.zeros(30522, dtype=np.float32)
+        dense[ids] = [entry["value"] for entry in entries]
+        assert float(np.abs(dense - reference[row]).max()) <= 1e-4
+    assert one.status_code == 200, one.text
+    left = _reference(sparse_folders["splade"], family_mix[5:6], side="left", prompt_name="query")[
+        0
+    ]
+    dense = np.zeros(30522, dtype=np.float32)
+    dense[[e["index"] for e in one.json()[0]]] = [e["value"] for e in one.json()[0]]
+    assert float(np.abs(dense - left).max()) <= 1e-4
+    assert refused.status_code == 422, refused.text
+    assert set(refused.json()) == {"error", "error_type"}
