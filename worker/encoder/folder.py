@@ -126,6 +126,10 @@ def read_folder(model_dir: Path) -> ModelFolder:
     model_type = st_config.get("model_type")
     if isinstance(model_type, str) and model_type != "SentenceTransformer":
         what = _TYPE_NAMES.get(model_type, f"model type {model_type!r}")
+        if model_type == "SparseEncoder":
+            raise UnsupportedModelError(
+                f"{model_dir.name}: {what} is not an embedding model: serve it as kind sparse"
+            )
         raise UnsupportedModelError(f"{model_dir.name}: {what} is not served by kembed")
     truncate_dim = st_config.get("truncate_dim")
     if truncate_dim is not None and (not isinstance(truncate_dim, int) or truncate_dim < 1):
