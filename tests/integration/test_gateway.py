@@ -89,6 +89,17 @@ class GatewayProcess(WorkerProcess):
         }
         self._run(["kembed_cli", "gateway"], bootstrap_servers, log_path, env)
 
+    @classmethod
+    def ready(cls, bootstrap_servers: str, log_path: Path, **settings: Any) -> GatewayProcess:
+        """A gateway started and ready (stopped again if it never gets ready)."""
+        gateway = cls(bootstrap_servers, log_path, **settings)
+        try:
+            gateway.wait_ready()
+        except BaseException:
+            gateway.stop()
+            raise
+        return gateway
+
     @property
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
@@ -155,7 +166,7 @@ def fleet(kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _start(fleet: Fleet, log_path: Path, **settings: Any) -> GatewayProcess:
-    gateway = GatewayProcess(
+    return GatewayProcess.ready(
         fleet.bootstrap_servers,
         log_path,
         requests_topic=fleet.requests,
@@ -163,12 +174,6 @@ def _start(fleet: Fleet, log_path: Path, **settings: Any) -> GatewayProcess:
         catalog_topic=fleet.catalog,
         **settings,
     )
-    try:
-        gateway.wait_ready()
-    except BaseException:
-        gateway.stop()
-        raise
-    return gateway
 
 
 @pytest.fixture(scope="module")

@@ -117,7 +117,7 @@ def fleet(kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def gateway(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """No API keys; no rerank_model: the one reranker of the catalog is the default."""
-    process = GatewayProcess(
+    process = GatewayProcess.ready(
         fleet.bootstrap_servers,
         tmp_path_factory.mktemp("rc-gateway") / "gateway.log",
         requests_topic=fleet.requests,
@@ -125,11 +125,8 @@ def gateway(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         catalog_topic=fleet.catalog,
         timeout_s=60,
     )
-    try:
-        process.wait_ready()
-        yield process
-    finally:
-        process.stop()
+    yield process
+    process.stop()
 
 
 def client_options(fleet: Fleet, **options: Any) -> dict[str, Any]:

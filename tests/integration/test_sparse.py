@@ -76,7 +76,7 @@ def sparse_gateway(
     kafka: LocalKafka, sparse_worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
     """TEI's /embed_sparse names no model: the gateway's sparse_model says which."""
-    process = GatewayProcess(
+    process = GatewayProcess.ready(
         kafka.bootstrap_servers,
         tmp_path_factory.mktemp("sparse-gateway") / "gateway.log",
         requests_topic=REQUESTS,
@@ -85,11 +85,8 @@ def sparse_gateway(
         sparse_model="splade",
         timeout_s=60,
     )
-    try:
-        process.wait_ready()
-        yield process
-    finally:
-        process.stop()
+    yield process
+    process.stop()
 
 
 def _reference(
