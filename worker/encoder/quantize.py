@@ -4,7 +4,12 @@ Every ``nn.Linear`` of the transformer is replaced by its bitsandbytes counterpa
 the same weights; the embeddings and layer norms stay in the model's dtype, and so do the
 layers the architecture says must keep their precision (its ``_keep_in_fp32_modules``, as
 transformers' own bitsandbytes loading leaves them: T5's feed-forward ``wo``, whose forward
-casts its input to that layer's weight dtype, which a 4-bit layer stores as uint8). The weights are
+casts its input to that layer's weight dtype, which a 4-bit layer stores as uint8). On a
+CPU with AVX512-BF16, bitsandbytes runs 4-bit layers on a packed weight layout that needs
+``in_features`` a multiple of its 64-weight block and ``out_features`` a multiple of 32
+(and fails in the first forward pass otherwise): there, ``nf4`` keeps a layer of another
+shape unquantized too (:func:`packable_4bit`; no real model's layer is that small or odd,
+a tiny test model's can be). The weights are
 quantized when the model is moved to its device (CUDA, or the CPU, which bitsandbytes 0.45+
 also supports, slowly). Quality is not assumed: ``kembed validate`` measures it against
 fp32 (docs/models.md has the figures).
@@ -17,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["QUANTIZATIONS", "memory_bytes", "quantize_linear_layers"]
+__all__ = ["QUANTIZATIONS", "memory_bytes", "packable_4bit", "quantize_linear_layers"]
 
 QUANTIZATIONS = ("none", "int8", "nf4")
 
@@ -25,8 +30,17 @@ QUANTIZATIONS = ("none", "int8", "nf4")
 _INT8_THRESHOLD = 6.0
 
 
-def quantize_linear_layers(model: nn.Module, kind: str, compute_dtype: torch.dtype) -> int:
-    """Replace ``model``'s linear layers in place; returns how many were replaced."""
+# bitsandbytes' 4-bit block (weights per absmax scale) and the row block of its packed
+# CPU layout (bitsandbytes.functional._convert_weight_packed_for_cpu).
+_NF4_BLOCK = 64
+_CPU_PACK_ROWS = 32
+
+
+def quantize_linear_layers(
+    model: nn.Module, kind: str, compute_dtype: torch.dtype, device: str = "cpu"
+) -> int:
+    """Replace ``model``'s linear layers in place (for a model that will run on
+    ``device``'s type); returns how many were replaced."""
     if kind == "none":
         return 0
     if kind not in QUANTIZATIONS:
@@ -34,14 +48,31 @@ def quantize_linear_layers(model: nn.Module, kind: str, compute_dtype: torch.dty
     import bitsandbytes as bnb
 
     keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    packed = kind == "nf4" and device == "cpu" and _cpu_packs_4bit()
     replaced = 0
     for prefix, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             path = f"{prefix}.{name}" if prefix else name
-            if isinstance(child, nn.Linear) and not keep.intersection(path.split(".")):
-                setattr(parent, name, _quantized(bnb, child, kind, compute_dtype))
-                replaced += 1
+            if not isinstance(child, nn.Linear) or keep.intersection(path.split(".")):
+                continue
+            if packed and not packable_4bit(child):
+                continue
+            setattr(parent, name, _quantized(bnb, child, kind, compute_dtype))
+            replaced += 1
     return replaced
+
+
+def packable_4bit(linear: nn.Linear) -> bool:
+    """Whether bitsandbytes' packed CPU layout can hold ``linear`` in 4 bits."""
+    return linear.in_features % _NF4_BLOCK == 0 and linear.out_features % _CPU_PACK_ROWS == 0
+
+
+def _cpu_packs_4bit() -> bool:
+    """Whether bitsandbytes runs 4-bit layers on this CPU in its packed layout: it does
+    where its native library reports AVX512-BF16 (the same test its layers make)."""
+    from bitsandbytes.functional import has_avx512bf16
+
+    return bool(has_avx512bf16())
 
 
 def _quantized(bnb: Any, linear: nn.Linear, kind: str, compute_dtype: torch.dtype) -> nn.Module:

@@ -217,7 +217,9 @@ class TorchEncoder:
         if dtype not in self._modules:
             model = self._load_module(dtype)
             if self._quantization != "none":
-                quantize_linear_layers(model, self._quantization, compute_dtype=dtype)
+                quantize_linear_layers(
+                    model, self._quantization, compute_dtype=dtype, device=self._device.type
+                )
             self._modules[dtype] = model.to(self._device).eval()
         return self._modules[dtype]
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from worker.encoder import quantize
 from worker.quality import GateThresholds, QualityReport, default_pairs_path, load_pairs, validate
 from worker.settings import WorkerSettings
 
@@ -85,4 +87,37 @@ def test_a_t5_encoder_keeps_its_feed_forward_output_unquantized_in_nf4(
     quantized = {type(m).__name__ for n, m in module.named_modules() if n.endswith(".wo")}
     assert quantized == {"Linear"}
     others = {type(m).__name__ for n, m in module.named_modules() if n.endswith(".wi")}
-    assert others == {"Linear4bit"}
+    # wi (32 -> 64) is 4-bit unless this CPU's packed 4-bit layout cannot hold its shape.
+    assert others == {"Linear" if quantize._cpu_packs_4bit() else "Linear4bit"}
+
+
+@pytest.mark.parametrize("packs", [False, True])
+def test_nf4_keeps_layers_the_packed_cpu_layout_cannot_hold(
+    packs: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where bitsandbytes packs 4-bit weights for the CPU (AVX512-BF16), a layer whose
+    ``in_features`` is not a multiple of 64 or ``out_features`` not of 32 failed in its
+    first forward pass ("shape '[32, 0]' is invalid"); there it stays unquantized, and
+    the model still runs. Elsewhere every layer is quantized."""
+    this_cpu_packs = quantize._cpu_packs_4bit()
+    monkeypatch.setattr(quantize, "_cpu_packs_4bit", lambda: packs)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 32), torch.nn.Linear(32, 64), torch.nn.Linear(64, 48)
+    )
+    replaced = quantize.quantize_linear_layers(model, "nf4", torch.float32, device="cpu")
+    kinds = [type(layer).__name__ for layer in model]
+    if packs:
+        assert (replaced, kinds) == (1, ["Linear4bit", "Linear", "Linear"])
+    else:
+        assert (replaced, kinds) == (3, ["Linear4bit"] * 3)
+    assert [quantize.packable_4bit(torch.nn.Linear(i, o)) for i, o in ((64, 32), (32, 64))] == [
+        True,
+        False,
+    ]
+    if packs == this_cpu_packs:  # the layout this CPU really uses: run it
+        model = model.to("cpu").eval()  # bitsandbytes quantizes on the move
+        with torch.no_grad():
+            out = model(torch.randn(3, 64))
+        assert out.shape == (3, 48)
+        assert bool(torch.isfinite(out).all())
