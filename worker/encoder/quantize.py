@@ -70,9 +70,10 @@ def packable_4bit(linear: nn.Linear) -> bool:
 def _cpu_packs_4bit() -> bool:
     """Whether bitsandbytes runs 4-bit layers on this CPU in its packed layout: it does
     where its native library reports AVX512-BF16 (the same test its layers make)."""
-    from bitsandbytes.functional import has_avx512bf16
+    import bitsandbytes.functional
 
-    return bool(has_avx512bf16())
+    probe: Any = bitsandbytes.functional.has_avx512bf16  # untyped in bitsandbytes
+    return bool(probe())
 
 
 def _quantized(bnb: Any, linear: nn.Linear, kind: str, compute_dtype: torch.dtype) -> nn.Module:
