@@ -60,12 +60,14 @@ from producer_sdk.wire import content_key, encoded
 from schemas import (
     Chunking,
     DecodeResult,
+    EmbedRequest,
     EmbedResult,
     Encoding,
     Kind,
     Request,
     RerankResult,
     Result,
+    SparseRequest,
     SparseResult,
     TokenizeResult,
 )
@@ -507,10 +509,48 @@ class EmbedClient:
         request = sending.request(
             texts, embedding, self.config.max_input_chars, self.config.model, keys, metadata
         )
+        return await self._submit(request, sending, Kind.EMBED)
+
+    async def submit_sparse(
+        self,
+        texts: Sequence[str],
+        *,
+        keys: Sequence[str | int] | None = None,
+        metadata: Sequence[Mapping[str, Any] | None] | None = None,
+        meta: Mapping[str, Any] | None = None,
+        reply_to: str | None = None,
+        model: str | None = None,
+        bulk: bool = True,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        top_k: int | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """:meth:`submit` for a sparse encoder: send one sparse request without waiting,
+        return its id once the broker has acknowledged it. The result on ``reply_to`` is a
+        sparse result carrying ``keys`` and ``meta`` (``metadata`` as ``meta["docs"]``)
+        like an embed result; options as for :meth:`embed_sparse`. Raises what
+        :meth:`submit` raises (``invalid_request`` when the catalog says ``model`` is not a
+        sparse encoder)."""
+        check_texts(texts)
+        sparse = SparseOptions(model=model, prompt=prompt, prompt_name=prompt_name, top_k=top_k)
+        sending = SubmitOptions(reply_to or self.config.reply_topic, meta, bulk, request_id)
+        request = sending.sparse_request(
+            texts, sparse, self.config.max_input_chars, self.config.model, keys, metadata
+        )
+        return await self._submit(request, sending, Kind.SPARSE)
+
+    async def _submit(
+        self, request: EmbedRequest | SparseRequest, sending: SubmitOptions, kind: Kind
+    ) -> str:
+        """Send a request that no one here waits for, to its model's topic of the lane."""
         self._check_started()
-        await check_kind(self._router, request, Kind.EMBED)
+        await check_kind(self._router, request, kind)
         topic = await self.request_topic(request.model, "bulk" if sending.bulk else "interactive")
-        await self._send(request, topic, content_key(request) if sending.affinity else None)
+        key = None
+        if sending.affinity and isinstance(request, EmbedRequest):
+            key = content_key(request)  # sparse requests have no affinity: never cached
+        await self._send(request, topic, key)
         return request.id
 
     def _check_started(self) -> None:

@@ -124,8 +124,9 @@ class EmbedOptions:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SubmitOptions:
-    """What :meth:`producer_sdk.EmbedClient.submit` adds to an embed request: where its
-    result goes, its id, lane and partition key, and the request-level ``meta``."""
+    """What :meth:`producer_sdk.EmbedClient.submit` (and ``submit_sparse``) adds to a
+    request: where its result goes, its id, lane and partition key, and the request-level
+    ``meta``."""
 
     reply_to: str
     meta: Mapping[str, Any] | None = None
@@ -152,15 +153,8 @@ class SubmitOptions:
         metadata: Sequence[Mapping[str, Any] | None] | None = None,
     ) -> EmbedRequest:
         """The request for ``texts`` with one key and one metadata map (or None) per text."""
-        request = embed.request(
-            texts,
-            max_input_chars,
-            default_model,
-            self.request_id,
-            reply_to=self.reply_to,
-            keys=_check_keys(keys, len(texts)),
-            meta=_combined_meta(self.meta, metadata, len(texts)),
-        )
+        fields = self._fields(len(texts), keys, metadata)
+        request = embed.request(texts, max_input_chars, default_model, self.request_id, **fields)
         if not all(request.inputs):
             index = request.inputs.index("")
             raise ValueError(f"texts[{index}] is empty; the worker refuses empty inputs")
@@ -168,6 +162,32 @@ class SubmitOptions:
         if dimensions is not None and (isinstance(dimensions, bool) or dimensions < 1):
             raise ValueError(f"dimensions must be a positive integer, not {dimensions!r}")
         return request
+
+    def sparse_request(
+        self,
+        texts: Sequence[str],
+        sparse: SparseOptions,
+        max_input_chars: int,
+        default_model: str | None,
+        keys: Sequence[str | int] | None = None,
+        metadata: Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> SparseRequest:
+        """The sparse request for ``texts``, with keys and metadata as :meth:`request`."""
+        fields = self._fields(len(texts), keys, metadata)
+        return sparse.request(texts, max_input_chars, default_model, self.request_id, **fields)
+
+    def _fields(
+        self,
+        count: int,
+        keys: Sequence[str | int] | None,
+        metadata: Sequence[Mapping[str, Any] | None] | None,
+    ) -> dict[str, Any]:
+        """The fields a submitted request of ``count`` texts carries besides its options."""
+        return {
+            "reply_to": self.reply_to,
+            "keys": _check_keys(keys, count),
+            "meta": _combined_meta(self.meta, metadata, count),
+        }
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -243,16 +263,22 @@ class SparseOptions:
         _check_side(self.truncation_direction)
 
     def request(
-        self, texts: Sequence[str], max_input_chars: int, default_model: str | None
+        self,
+        texts: Sequence[str],
+        max_input_chars: int,
+        default_model: str | None,
+        request_id: str | None = None,
+        **fields: Any,
     ) -> SparseRequest:
-        """The request for ``texts``, checked as :class:`EmbedOptions` checks them."""
+        """The request for ``texts``, checked as :class:`EmbedOptions` checks them;
+        ``fields``: its other fields (``reply_to``, ``keys``, ``meta``)."""
         check_texts(texts)
         for index, text in enumerate(texts):
             if not text:
                 raise ValueError(f"texts[{index}] is empty; the worker refuses empty inputs")
         check_lengths(texts, max_input_chars)
         return SparseRequest(
-            id=uuid.uuid4().hex,
+            id=request_id or uuid.uuid4().hex,
             inputs=tuple(texts),
             model=self.model or default_model,
             truncate=self.truncate,
@@ -260,6 +286,7 @@ class SparseOptions:
             prompt=self.prompt,
             prompt_name=self.prompt_name,
             top_k=self.top_k,
+            **fields,
         )
 
 

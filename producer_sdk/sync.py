@@ -191,6 +191,7 @@ class SyncEmbedClient:
     tokenize = _blocking(EmbedClient.tokenize)
     decode = _blocking(EmbedClient.decode)
     submit = _blocking(EmbedClient.submit)
+    submit_sparse = _blocking(EmbedClient.submit_sparse)
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:

@@ -24,6 +24,7 @@ from schemas.errors import Envelope, ErrorCode, SchemaError
 from schemas.fields import (
     ENCODING_NAMES,
     binary,
+    check_docs,
     chunk_counts,
     chunk_pooling_name,
     chunking_value,
@@ -34,6 +35,7 @@ from schemas.fields import (
     field_value,
     flag,
     identifier,
+    input_keys,
     inputs_list,
     int_list,
     integer,
@@ -95,7 +97,6 @@ __all__ = [
     "is_valid_topic",
 ]
 
-_DOCS = "docs"  # meta["docs"]: one item of metadata per input (see schemas/README.md)
 _T = TypeVar("_T")
 
 
@@ -403,12 +404,9 @@ def _request_from_map(body: dict[str, Any]) -> Request:
     if kind in TOKENIZER_KINDS:
         return tokenizer_request(body, kind, request_id)
     inputs = required(body, "inputs", inputs_list)
-    keys = optional(body, "keys", keys_list)
-    if keys is not None and len(keys) != len(inputs):
-        fail(f"'keys' has {len(keys)} entries for {len(inputs)} inputs")
+    keys = input_keys(body, len(inputs))
     meta = optional(body, "meta", meta_map)
-    if meta is not None:
-        _check_docs(meta, len(inputs))
+    check_docs(meta, len(inputs))
     prompt = optional(body, "prompt", string)
     prompt_name = optional(body, "prompt_name", non_empty)
     if prompt is not None and prompt_name is not None:
@@ -436,19 +434,3 @@ def _request_from_map(body: dict[str, Any]) -> Request:
         chunking=chunking,
         chunk_pooling=chunk_pooling,
     )
-
-
-def _check_docs(meta: dict[str, Any], inputs: int) -> None:
-    """``meta["docs"]``, when present, holds exactly one map (or nil) per input."""
-    docs = meta.get(_DOCS)
-    if docs is None:
-        return
-    if not isinstance(docs, list):
-        fail("'meta.docs' must be an array with one map per input")
-    if len(docs) != inputs:
-        fail(f"'meta.docs' has {len(docs)} entries for {inputs} inputs")
-    for index, item in enumerate(docs):
-        if item is not None and not (
-            isinstance(item, dict) and all(isinstance(k, str) for k in item)
-        ):
-            fail(f"'meta.docs'[{index}] must be a map with string keys, or nil", index)

@@ -43,6 +43,8 @@ __all__ = [
     "int_list",
     "integer",
     "is_valid_topic",
+    "check_docs",
+    "input_keys",
     "keys_list",
     "kind_name",
     "meta_map",
@@ -239,6 +241,34 @@ def keys_list(value: object) -> tuple[Key, ...]:
         if isinstance(item, bool) or not isinstance(item, str | int):
             raise MistypedError(f"[{index}] must be a string or an integer", index)
     return tuple(value)
+
+
+def input_keys(body: dict[str, Any], inputs: int) -> tuple[Key, ...] | None:
+    """A request's ``keys``, when given: exactly one per input."""
+    keys = optional(body, "keys", keys_list)
+    if keys is not None and len(keys) != inputs:
+        fail(f"'keys' has {len(keys)} entries for {inputs} inputs")
+    return keys
+
+
+DOCS = "docs"
+"""``meta["docs"]``: one item of metadata per input (see schemas/README.md)."""
+
+
+def check_docs(meta: dict[str, Any] | None, inputs: int) -> None:
+    """``meta["docs"]``, when present, holds exactly one map (or nil) per input."""
+    docs = None if meta is None else meta.get(DOCS)
+    if docs is None:
+        return
+    if not isinstance(docs, list):
+        fail("'meta.docs' must be an array with one map per input")
+    if len(docs) != inputs:
+        fail(f"'meta.docs' has {len(docs)} entries for {inputs} inputs")
+    for index, item in enumerate(docs):
+        if item is not None and not (
+            isinstance(item, dict) and all(isinstance(k, str) for k in item)
+        ):
+            fail(f"'meta.docs'[{index}] must be a map with string keys, or nil", index)
 
 
 def int_list(value: object) -> list[int]:

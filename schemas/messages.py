@@ -11,12 +11,15 @@ from typing import Any
 from schemas.fields import (
     binary,
     boolean,
+    check_docs,
     direction,
     fail,
     flag,
     ids_lists,
+    input_keys,
     inputs_list,
     int_list,
+    keys_list,
     meta_map,
     non_empty,
     non_negative,
@@ -211,6 +214,7 @@ def sparse_request_body(request: SparseRequest) -> dict[str, Any]:
     put(body, "prompt", request.prompt)
     put(body, "prompt_name", request.prompt_name)
     put(body, "top_k", request.top_k)
+    put(body, "keys", None if request.keys is None else list(request.keys))
     return _with_routing(body, request)
 
 
@@ -223,6 +227,7 @@ def sparse_result_body(result: SparseResult) -> dict[str, Any]:
     body["values"] = result.values
     body["tokens"] = list(result.tokens)
     put(body, "requested_ms", result.requested_ms)
+    put(body, "keys", None if result.keys is None else list(result.keys))
     put(body, "meta", result.meta)
     return body
 
@@ -232,16 +237,21 @@ def sparse_request(body: dict[str, Any], request_id: str) -> SparseRequest:
     prompt_name = optional(body, "prompt_name", non_empty)
     if prompt is not None and prompt_name is not None:
         fail("'prompt' and 'prompt_name' are exclusive: give the text or the name")
+    inputs = required(body, "inputs", inputs_list)
+    keys = input_keys(body, len(inputs))
+    routing = _routing(body)
+    check_docs(routing["meta"], len(inputs))
     return SparseRequest(
         id=request_id,
-        inputs=required(body, "inputs", inputs_list),
+        inputs=inputs,
         model=optional(body, "model", non_empty),
         truncate=flag(body, "truncate"),
         truncation_direction=optional(body, "truncation_direction", direction),
         prompt=prompt,
         prompt_name=prompt_name,
         top_k=optional(body, "top_k", positive),
-        **_routing(body),
+        keys=keys,
+        **routing,
     )
 
 
@@ -267,6 +277,7 @@ def sparse_result(body: dict[str, Any], result_id: str, meta: Any) -> SparseResu
         values=values,
         tokens=tokens,
         requested_ms=optional(body, "requested_ms", non_negative),
+        keys=optional(body, "keys", keys_list),
         meta=meta,
     )
     for ids, _ in result.rows():

@@ -243,6 +243,8 @@ class SparseRequest:
     deadline_ms: int | None = None
     reply_to: str | None = None
     reply_partition: int | None = None
+    keys: tuple[Key, ...] | None = None
+    """The caller's ids for the inputs (for sinks), one per input; copied to the result."""
     meta: dict[str, Any] | None = None
 
     @property
@@ -265,6 +267,7 @@ class SparseResult:
     values: bytes
     tokens: tuple[int, ...]
     requested_ms: int | None = None
+    keys: tuple[Key, ...] | None = None
     meta: dict[str, Any] | None = None
 
     @property

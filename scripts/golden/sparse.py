@@ -80,6 +80,41 @@ def sparse_valid_cases() -> list[tuple[str, str, dict[str, Any], str]]:
             },
             "an input whose every weight is zero: count 0, nothing in 'indices' and 'values'",
         ),
+        (
+            "request-sparse-keys",
+            "request",
+            {
+                "v": 1,
+                "id": "req-32",
+                "kind": "sparse",
+                "inputs": ["kafka is a log", "pgvector stores vectors"],
+                "keys": ["doc-1", 2],
+                "reply_to": "embed.ingest.sparse",
+                "meta": {"source": "wiki", "docs": [{"lang": "en"}, None]},
+            },
+            "a sparse request for a sink: one key per input (string or integer) after "
+            "'top_k', per-input metadata in meta['docs'], as for embed requests",
+        ),
+        (
+            "result-sparse-keys",
+            "result",
+            {
+                "v": 1,
+                "id": "req-32",
+                "kind": "sparse",
+                "model": "splade",
+                "vocab": 30522,
+                "counts": [2, 1],
+                "indices": struct.pack("<3I", 6758, 8833, 13957),
+                "values": struct.pack("<3f", *weights[:3]),
+                "tokens": [6, 6],
+                "requested_ms": 1760000000000,
+                "keys": ["doc-1", 2],
+                "meta": {"source": "wiki", "docs": [{"lang": "en"}, None]},
+            },
+            "the answer to request-sparse-keys: the request's keys and meta copied after "
+            "'requested_ms'; input 0 has ids 6758 and 8833, input 1 has id 13957",
+        ),
     ]
 
 
@@ -92,6 +127,14 @@ def sparse_invalid_cases() -> list[tuple[str, bytes, str, int | None, str | None
         (
             "sparse-prompt-and-prompt-name",
             pack({**_OK, "prompt": "query: ", "prompt_name": "query"}),
+            bad,
+            None,
+            eid,
+        ),
+        ("sparse-keys-count", pack({**_OK, "keys": ["a", "b"]}), bad, None, eid),
+        (
+            "sparse-docs-misaligned",
+            pack({**_OK, "meta": {"docs": [{"lang": "en"}, {"lang": "de"}]}}),
             bad,
             None,
             eid,

@@ -41,7 +41,8 @@ def input_count(request: Request) -> int:
 
 
 def request_keys(request: Request) -> tuple[str | int, ...] | None:
-    return request.keys if isinstance(request, EmbedRequest) else None
+    """The caller's ids for the inputs (embed and sparse requests may carry them)."""
+    return request.keys if isinstance(request, EmbedRequest | SparseRequest) else None
 
 
 def wrong_kind(model: str, kind: str) -> ErrorInfo:

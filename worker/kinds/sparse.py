@@ -64,6 +64,7 @@ def encode_weights(
         values=weights.tobytes(),
         tokens=tuple(tokens),
         requested_ms=requested_ms if requested_ms else None,  # 0: no timestamp known
+        keys=request.keys,
         meta=request.meta,
     )
     return within_limit(
@@ -71,7 +72,7 @@ def encode_weights(
         max_bytes,
         "send fewer inputs per request, or ask for fewer weights with top_k",
         request.id,
-        None,
+        request.keys,
         request.meta,
     )
 

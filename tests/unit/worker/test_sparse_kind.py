@@ -11,7 +11,18 @@ import numpy as np
 import pytest
 
 from producer_sdk import SparseEmbeddings
-from schemas import Kind, SchemaError, SparseRequest, SparseResult, decode_result, encode_result
+from producer_sdk.options import SparseOptions, SubmitOptions
+from schemas import (
+    ErrorResult,
+    Kind,
+    SchemaError,
+    SparseRequest,
+    SparseResult,
+    decode_request,
+    decode_result,
+    encode_request,
+    encode_result,
+)
 from schemas.codec import _pack
 from worker.encoder.folder import UnsupportedModelError
 from worker.encoder.models import detect_kind
@@ -119,6 +130,30 @@ def test_a_result_over_max_result_bytes_is_result_too_large() -> None:
     assert capped.counts == (10, 10)  # the model's max_active_dims
     too_large = decode_result(encode_weights(request, rows, [3, 3], "m", None, 4096))
     assert getattr(too_large, "error").code == "result_too_large"  # noqa: B009
+
+
+def test_keys_and_docs_of_a_sparse_request_come_back_on_its_result_and_its_error() -> None:
+    """A sparse request for a sink carries one key per input and meta["docs"]; the
+    result, and a result_too_large error in its place, carry them back."""
+    options = SubmitOptions("embed.ingest.sparse", {"source": "wiki"})
+    request = options.sparse_request(
+        ["a", "b"], SparseOptions(), 1000, None, ["doc-1", 2], [{"lang": "en"}, None]
+    )
+    decoded = decode_request(encode_request(request))
+    assert isinstance(decoded, SparseRequest)
+    assert decoded.keys == ("doc-1", 2)
+    assert decoded.reply_to == "embed.ingest.sparse"
+    assert dict(decoded.meta or {}) == {"source": "wiki", "docs": [{"lang": "en"}, {}]}
+    rows = np.ones((2, 100), dtype=np.float32)
+    result = decode_result(encode_weights(decoded, rows, [3, 3], "m", None, 1 << 20))
+    assert isinstance(result, SparseResult)
+    assert result.keys == ("doc-1", 2)
+    assert dict(result.meta or {})["docs"] == [{"lang": "en"}, {}]
+    error = decode_result(encode_weights(decoded, rows, [3, 3], "m", None, 256))
+    assert isinstance(error, ErrorResult)
+    assert error.keys == ("doc-1", 2)
+    with pytest.raises(ValueError, match="keys"):
+        options.sparse_request(["a", "b"], SparseOptions(), 1000, None, ["only-one"])
 
 
 def _result(**fields: object) -> bytes:
