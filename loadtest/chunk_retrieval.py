@@ -159,9 +159,9 @@ async def measure(
         assert row.chunk_index is not None, "chunked ingestion must give chunk rows"
         by_doc.setdefault(int(row.document), []).append(row)
     chunk_vectors = [
-        np.stack([row.vector for row in by_doc[d]]) for d in range(len(corpus.documents))
+        np.stack([row.dense for row in by_doc[d]]) for d in range(len(corpus.documents))
     ]
-    single = {int(row.id): row.vector for row in truncated}
+    single = {int(row.id): row.dense for row in truncated}
     doc_vectors = [single[d][None, :] for d in range(len(corpus.documents))]
     return Outcome(
         documents=len(corpus.documents),

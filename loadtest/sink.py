@@ -141,7 +141,7 @@ def former_upsert(conn: psycopg.Connection[Any], table: str, rows: Sequence[Row]
     params = [
         (
             row.id,
-            "[" + ",".join(map(repr, row.vector.tolist())) + "]",
+            "[" + ",".join(map(repr, row.dense.tolist())) + "]",
             Jsonb(row.metadata),
             row.model,
             row.requested_ms,

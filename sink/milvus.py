@@ -231,7 +231,7 @@ class MilvusStore:
     def _entity(self, row: Row, now_ms: int) -> dict[str, Any]:
         entity: dict[str, Any] = {
             "id": row.id,
-            "vector": row.vector.tolist(),
+            "vector": row.dense.tolist(),
             "metadata": row.metadata,
             "model": row.model[:_MODEL_BYTES],
             "updated_at": now_ms,

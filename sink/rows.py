@@ -14,6 +14,11 @@ metadata is data and never decides what is written. A chunked result pooled to o
 per input (the result's ``chunk_pooling`` ``mean``) is one row per input, as unchunked. A
 key holding ``#`` is refused (``invalid_key``): row ids stay unambiguous. Anything else
 that cannot be written becomes a :class:`Refused` with a code for the dead-letter topic.
+
+A sparse result (term weights) becomes one row per input whose ``vector`` is a
+:class:`SparseVector` (``Row.kind`` ``"sparse"``), its id the key as for a dense row per
+input: a store that keeps both kinds writes the two into one row, each kind at its own
+version (a document's dense and sparse versions are independent).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import base64
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -45,9 +50,11 @@ __all__ = [
     "DOCS_KEY",
     "KEY_SEPARATOR",
     "MAX_ID_BYTES",
+    "VectorKind",
     "Refused",
     "Row",
     "RowsOf",
+    "SparseVector",
     "jsonable",
     "newest",
     "rows_of",
@@ -57,7 +64,6 @@ _NOT_VECTORS: dict[type, str] = {
     RerankResult: "a rerank result holds scores",
     TokenizeResult: "a tokenize result holds tokens",
     DecodeResult: "a decode result holds texts",
-    SparseResult: "a sparse result holds term weights (sinks do not write them yet)",
 }
 
 DOCS_KEY = "docs"
@@ -77,12 +83,27 @@ INVALID_KEY = "invalid_key"
 DIMENSION_MISMATCH = "dimension_mismatch"
 
 Vector = npt.NDArray[np.float32]
+VectorKind = Literal["dense", "sparse"]
+"""What a row's vector is: dense (float32 values) or sparse (term ids and weights)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SparseVector:
+    """A sparse vector: ``indices`` (int32, ascending, each below ``size``) and their
+    nonzero float32 ``values``; ``size`` is the dimension (the vocabulary's size)."""
+
+    indices: npt.NDArray[np.int32]
+    values: npt.NDArray[np.float32]
+    size: int
+
+    def __len__(self) -> int:
+        return len(self.indices)
 
 
 @dataclass(frozen=True, slots=True)
 class Row:
     id: str
-    vector: Vector
+    vector: Vector | SparseVector
     metadata: dict[str, Any]
     model: str
     requested_ms: int = 0
@@ -109,6 +130,23 @@ class Row:
         """What orders two versions of a document: ``(requested_ms, request_id)``."""
         return (self.requested_ms, self.request_id)
 
+    @property
+    def kind(self) -> VectorKind:
+        """``"sparse"`` for a row of term weights, ``"dense"`` otherwise."""
+        return "sparse" if isinstance(self.vector, SparseVector) else "dense"
+
+    @property
+    def dense(self) -> Vector:
+        """The dense vector (a dense row's only)."""
+        assert not isinstance(self.vector, SparseVector), "a sparse row"
+        return self.vector
+
+    @property
+    def sparse(self) -> SparseVector:
+        """The sparse vector (a sparse row's only)."""
+        assert isinstance(self.vector, SparseVector), "a dense row"
+        return self.vector
+
 
 @dataclass(frozen=True, slots=True)
 class RowsOf:
@@ -117,8 +155,10 @@ class RowsOf:
     request_id: str
     model: str
     dim: int
+    """The vectors' dimension: a sparse result's vocabulary size."""
     dtype: str
     rows: list[Row]
+    kind: VectorKind = "dense"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +186,7 @@ def rows_of(value: bytes | None, record_ms: int = 0) -> RowsOf | Refused:
         result = decode_result(value)
     except SchemaError as exc:
         return Refused(INVALID_RESULT, f"not a valid result: {exc.message}")
-    if isinstance(result, RerankResult | SparseResult | TokenizeResult | DecodeResult):
+    if isinstance(result, RerankResult | TokenizeResult | DecodeResult):
         return Refused(INVALID_RESULT, f"{_NOT_VECTORS[type(result)]}, not vectors", result.id)
     keys = tuple(str(key) for key in result.keys or ())
     if isinstance(result, ErrorResult):
@@ -157,46 +197,98 @@ def rows_of(value: bytes | None, record_ms: int = 0) -> RowsOf | Refused:
             keys=keys,
             error_result=True,
         )
-    return _rows(result, keys, result.requested_ms or max(record_ms, 0))
+    version = result.requested_ms or max(record_ms, 0)
+    if isinstance(result, SparseResult):
+        return _sparse_rows(result, keys, version)
+    return _rows(result, keys, version)
+
+
+def _key_refusal(
+    result: EmbedResult | SparseResult, keys: tuple[str, ...], inputs: int, suffix_bytes: int
+) -> tuple[str, str] | None:
+    """Why the result's keys cannot be row ids, if they cannot: (code, message)."""
+    if result.keys is None:
+        return MISSING_KEYS, "the result has no keys: rows need ids (send keys=...)"
+    if any(KEY_SEPARATOR in key for key in keys):
+        return (
+            INVALID_KEY,
+            f"a key holds {KEY_SEPARATOR!r}, which separates a document's key from its chunk "
+            "index in row ids: use keys without it",
+        )
+    if len(keys) != inputs:
+        return INVALID_RESULT, f"{len(keys)} keys for {inputs} inputs"
+    if any(len(k.encode("utf-8")) + suffix_bytes > MAX_ID_BYTES for k in keys):
+        return INVALID_KEY, f"a key is longer than {MAX_ID_BYTES} bytes"
+    return None
+
+
+def _docs(meta: dict[str, Any], inputs: int) -> tuple[list[Any] | None, str | None]:
+    """``meta["docs"]`` (popped from ``meta``), or why it cannot be used."""
+    docs = meta.pop(DOCS_KEY, None)
+    if docs is not None and (not isinstance(docs, list) or len(docs) != inputs):
+        size = len(docs) if isinstance(docs, list) else type(docs).__name__
+        return None, f"meta.docs must be a list of {inputs}, got {size}"
+    return docs, None
+
+
+def _sparse_rows(result: SparseResult, keys: tuple[str, ...], version: int) -> RowsOf | Refused:
+    """One sparse row per input, its id the input's key."""
+    refusal = _key_refusal(result, keys, result.count, 0)
+    if refusal is not None:
+        return Refused(*refusal, request_id=result.id, keys=keys)
+    meta = dict(result.meta or {})
+    docs, bad_docs = _docs(meta, result.count)
+    if bad_docs is not None:
+        return Refused(INVALID_RESULT, bad_docs, request_id=result.id, keys=keys)
+    shared = jsonable(meta)
+    # Ascending and below vocab: the decoder checked; vocab ids fit int32 (pgvector's).
+    indices = np.frombuffer(result.indices, dtype="<u4").astype(np.int32)
+    values = np.frombuffer(result.values, dtype="<f4").astype(np.float32)
+    ends = np.cumsum(result.counts, dtype=np.int64)
+    rows = []
+    for index, (key, end, count) in enumerate(zip(keys, ends, result.counts, strict=True)):
+        ids, weights = indices[end - count : end], values[end - count : end]
+        nonzero = weights != 0  # a stored sparse vector holds nonzero values only
+        rows.append(
+            Row(
+                key,
+                SparseVector(ids[nonzero], weights[nonzero], result.vocab),
+                _metadata(shared, docs, index),
+                result.model,
+                version,
+                doc_key=key,
+                request_id=result.id,
+            )
+        )
+    return RowsOf(result.id, result.model, result.vocab, "float32", rows, kind="sparse")
 
 
 def _rows(result: EmbedResult, keys: tuple[str, ...], version: int) -> RowsOf | Refused:
     def refuse(code: str, message: str) -> Refused:
         return Refused(code, message, request_id=result.id, keys=keys)
 
-    if result.keys is None:
-        return refuse(MISSING_KEYS, "the result has no keys: rows need ids (send keys=...)")
     meta = dict(result.meta or {})
     per_chunk = _per_chunk(result, meta.pop(CHUNK_POOLING_KEY, None) == "mean")
-    if any(KEY_SEPARATOR in key for key in keys):
-        return refuse(
-            INVALID_KEY,
-            f"a key holds {KEY_SEPARATOR!r}, which separates a document's key from its chunk "
-            "index in row ids: use keys without it",
-        )
     inputs = len(result.chunks) if result.chunks is not None else result.count
-    if len(keys) != inputs:
-        return refuse(INVALID_RESULT, f"{len(keys)} keys for {inputs} inputs")
+    longest = _CHUNK_SUFFIX_BYTES + len(str(max(result.chunks or (1,)))) if per_chunk else 0
+    refusal = _key_refusal(result, keys, inputs, longest)
+    if refusal is not None:
+        return refuse(*refusal)
     if result.chunks is not None and not per_chunk and result.count != inputs:
         return refuse(
             INVALID_RESULT,
             f"{result.count} vectors for {inputs} chunked inputs "
             f"({sum(result.chunks)} chunks, {len(result.spans or ())} spans)",
         )
-    longest = _CHUNK_SUFFIX_BYTES + len(str(max(result.chunks or (1,)))) if per_chunk else 0
-    too_long = next((k for k in keys if len(k.encode("utf-8")) + longest > MAX_ID_BYTES), None)
-    if too_long is not None:
-        return refuse(INVALID_KEY, f"a key is longer than {MAX_ID_BYTES} bytes")
     if LAYOUTS[Encoding(result.dtype)].floats is None:
         return refuse(
             UNSUPPORTED_DTYPE,
             "binary vectors are not written: the table holds float vectors (request "
             "float32, float16 or int8)",
         )
-    docs = meta.pop(DOCS_KEY, None)
-    if docs is not None and (not isinstance(docs, list) or len(docs) != inputs):
-        size = len(docs) if isinstance(docs, list) else type(docs).__name__
-        return refuse(INVALID_RESULT, f"meta.docs must be a list of {inputs}, got {size}")
+    docs, bad_docs = _docs(meta, inputs)
+    if bad_docs is not None:
+        return refuse(INVALID_RESULT, bad_docs)
     shared = jsonable(meta)
     vectors = float_vectors(result)
     if per_chunk:
@@ -298,16 +390,18 @@ def newest(rows: Iterable[Row]) -> list[Row]:
     batch can hold two versions of a document, the older from another partition polled
     after the newer: a store that never replaces a document by an older version must be
     handed the newer, and only it (an older, longer version's extra chunks, or its other
-    form, would otherwise come back)."""
-    latest: dict[str, Row] = {}
-    doc_version: dict[str, tuple[int, str]] = {}
+    form, would otherwise come back). A document's dense and sparse rows are versions of
+    two vector kinds, each reduced on its own."""
+    latest: dict[tuple[str, VectorKind], Row] = {}
+    doc_version: dict[tuple[str, VectorKind], tuple[int, str]] = {}
     for row in rows:
-        seen = doc_version.get(row.document)
+        kind = row.kind
+        seen = doc_version.get((row.document, kind))
         if seen is None or seen <= row.version:
-            doc_version[row.document] = row.version
-        if seen is None or seen <= row.version or row.id not in latest:
-            latest[row.id] = row
-    return [row for row in latest.values() if row.version == doc_version[row.document]]
+            doc_version[row.document, kind] = row.version
+        if seen is None or seen <= row.version or (row.id, kind) not in latest:
+            latest[row.id, kind] = row
+    return [row for row in latest.values() if row.version == doc_version[row.document, row.kind]]
 
 
 def float_vectors(result: EmbedResult) -> npt.NDArray[np.float32]:

@@ -17,6 +17,7 @@ __all__ = [
     "IndexBuilder",
     "Metric",
     "RowsRefusedError",
+    "SparseStore",
     "TargetError",
     "TransientWriteError",
     "VectorStore",
@@ -96,4 +97,21 @@ class IndexBuilder(Protocol):
     def build_pending_index(self) -> float | None:
         """Build the index a bulk load left pending: the seconds the build took, or None
         when no index is pending (none was deferred, or it was built already)."""
+        ...
+
+
+@runtime_checkable
+class SparseStore(Protocol):
+    """A store that also holds sparse vectors (rows of ``kind`` ``"sparse"``), beside the
+    dense ones and in the same rows (the Postgres store: a ``sparsevec`` column). A store
+    without it has its sparse results dead-lettered (``sparse_not_supported``)."""
+
+    def sparse_dim(self) -> int | None:
+        """The dimension (vocabulary size) of the stored sparse vectors; None when the
+        table holds none yet."""
+        ...
+
+    def create_sparse(self, dim: int, metric: Metric) -> None:
+        """Make the table hold sparse vectors of ``dim`` (creating it if absent), with an
+        index for ``metric``. Raises DimensionMismatchError for another ``dim``."""
         ...

@@ -11,19 +11,29 @@ from psycopg import sql
 
 from sink.store import DimensionMismatchError, Metric, TargetError
 
-__all__ = ["HNSW_MAX_DIM", "SCHEMA_LOCK", "PostgresSchema"]
+__all__ = ["HNSW_MAX_DIM", "HNSW_MAX_SPARSE_NNZ", "SCHEMA_LOCK", "PostgresSchema"]
 
 log = structlog.get_logger("kembed.sink")
 
 HNSW_MAX_DIM = 2000
 """pgvector indexes ``vector`` columns of at most 2,000 dimensions with HNSW."""
 
+HNSW_MAX_SPARSE_NNZ = 1000
+"""pgvector's HNSW index holds sparse vectors of at most 1,000 nonzero values (a row with
+more is refused: ``limit_exceeded``); ``top_k`` keeps a sparse result within it."""
+
 _OPS: dict[Metric, str] = {
     "inner_product": "vector_ip_ops",
     "cosine": "vector_cosine_ops",
     "l2": "vector_l2_ops",
 }
-_COLUMNS = {"id", "vector", "metadata", "model", "updated_at"}
+_SPARSE_OPS: dict[Metric, str] = {
+    "inner_product": "sparsevec_ip_ops",
+    "cosine": "sparsevec_cosine_ops",
+    "l2": "sparsevec_l2_ops",
+}
+_COLUMNS = {"id", "metadata", "model", "updated_at"}
+"""Every kembed table's columns; then ``vector`` (dense), ``sparse`` (sparse), or both."""
 _PENDING = "kembed: hnsw index pending, "
 """A table comment: bulk mode created the table without its index, to build with this
 operator class once the load is done."""
@@ -47,7 +57,36 @@ class PostgresSchema:
         self._index_after = index_after
 
     def table_dim(self, conn: psycopg.Connection[Any]) -> int | None:
-        """The vector dimension of the existing table; None when there is no table yet."""
+        """The vector dimension of the existing table; None when there is no table yet, or
+        a table of sparse vectors only."""
+        columns = self._columns(conn)
+        if columns is None or ("vector" not in columns and "sparse" in columns):
+            return None
+        return self._dim_of(columns, "vector", "vector")
+
+    def sparse_dim(self, conn: psycopg.Connection[Any]) -> int | None:
+        """The sparse vectors' dimension of the existing table; None when there is no table
+        yet, or no ``sparse`` column."""
+        columns = self._columns(conn)
+        if columns is None or "sparse" not in columns:
+            return None
+        return self._dim_of(columns, "sparse", "sparsevec")
+
+    def _dim_of(self, columns: dict[str, tuple[str, int]], column: str, type_name: str) -> int:
+        if column not in columns:
+            raise TargetError(
+                f"table {self._table_name!r} exists but lacks the column {column}: it was "
+                "not made by kembed sink; use another table"
+            )
+        typname, typmod = columns[column]
+        if typname != type_name or typmod <= 0:
+            raise TargetError(
+                f"table {self._table_name!r}: column {column} is {typname}, not {type_name}(N)"
+            )
+        return typmod
+
+    def _columns(self, conn: psycopg.Connection[Any]) -> dict[str, tuple[str, int]] | None:
+        """The table's columns (name: type name, type modifier); None when it is absent."""
         regclass = self._table.as_string(conn)
         if conn.execute("SELECT to_regclass(%s)", [regclass]).fetchone() == (None,):
             return None
@@ -67,13 +106,7 @@ class PostgresSchema:
                 f"{', '.join(sorted(missing))}: it was not made by kembed sink; use another "
                 "table"
             )
-        typname, typmod = columns["vector"]
-        if typname != "vector" or typmod <= 0:
-            raise TargetError(
-                f"table {self._table_name!r}: column vector is {typname}, not vector(N)"
-            )
-        dim: int = typmod
-        return dim
+        return columns
 
     def create_table(self, conn: psycopg.Connection[Any], dim: int, metric: Metric) -> None:
         existing = self.table_dim(conn)
@@ -82,6 +115,17 @@ class PostgresSchema:
                 raise DimensionMismatchError(self._table_name, existing, dim, "the results have")
             with conn.transaction():  # a table made before rows had versions, or documents
                 self.migrate(conn)
+            return
+        if self._columns(conn) is not None:  # a table of sparse vectors: add dense ones
+            with conn.transaction():
+                conn.execute(
+                    sql.SQL("ALTER TABLE {table} ADD COLUMN vector vector({dim})").format(
+                        table=self._table, dim=sql.Literal(dim)
+                    )
+                )
+                if dim <= HNSW_MAX_DIM:
+                    conn.execute(self.index_statement(_OPS[metric]))
+            log.info("sink.column_added", table=self._table_name, column="vector", dim=dim)
             return
         with conn.transaction():
             conn.execute(
@@ -180,6 +224,75 @@ class PostgresSchema:
                     "FROM {table} GROUP BY doc_key ON CONFLICT (doc_key) DO NOTHING"
                 ).format(documents=self.documents_table, table=table)
             )
+
+    def create_sparse(self, conn: psycopg.Connection[Any], dim: int, metric: Metric) -> None:
+        """Make the table hold sparse vectors of dimension ``dim``: a new table with the
+        ``sparse`` column only (a dense sink adds ``vector`` when it comes), or an existing
+        one given ``sparse sparsevec(dim)`` and ``sparse_model`` (``vector`` and ``model``
+        become nullable: a row may hold one kind), its documents table the sparse version
+        columns, and an HNSW index on ``sparse`` for ``metric``, built at once."""
+        existing = self.sparse_dim(conn)
+        if existing is not None:
+            if existing != dim:
+                raise DimensionMismatchError(
+                    self._table_name, existing, dim, "the sparse results have"
+                )
+            return
+        columns = self._columns(conn)
+        with conn.transaction():
+            if columns is None:
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE {table} ("
+                        "id text PRIMARY KEY, "
+                        "metadata jsonb NOT NULL DEFAULT '{{}}'::jsonb, "
+                        "model text, "
+                        "requested_ms bigint NOT NULL DEFAULT 0, "
+                        "updated_at timestamptz NOT NULL DEFAULT now(), "
+                        "doc_key text NOT NULL, "
+                        "chunk_index integer, "
+                        "sparse sparsevec({dim}), "
+                        "sparse_model text)"
+                    ).format(table=self._table, dim=sql.Literal(dim))
+                )
+                conn.execute(self.doc_index_statement())
+                conn.execute(self.documents_statement())
+            else:
+                self.migrate(conn)
+                conn.execute(
+                    sql.SQL(
+                        "ALTER TABLE {table} ALTER COLUMN model DROP NOT NULL, "
+                        "ADD COLUMN sparse sparsevec({dim}), ADD COLUMN sparse_model text"
+                    ).format(table=self._table, dim=sql.Literal(dim))
+                )
+                if "vector" in columns:
+                    conn.execute(
+                        sql.SQL("ALTER TABLE {table} ALTER COLUMN vector DROP NOT NULL").format(
+                            table=self._table
+                        )
+                    )
+            conn.execute(
+                sql.SQL(
+                    "ALTER TABLE {documents} ADD COLUMN IF NOT EXISTS sparse_requested_ms "
+                    "bigint, ADD COLUMN IF NOT EXISTS sparse_request_id text"
+                ).format(documents=self.documents_table)
+            )
+            m, ef_construction = self._hnsw
+            conn.execute(
+                sql.SQL(
+                    "CREATE INDEX IF NOT EXISTS {index} ON {table} USING hnsw "
+                    "(sparse {ops}) WITH (m = {m}, ef_construction = {ef})"
+                ).format(
+                    index=sql.Identifier(self._derived_name("_sparse_hnsw")),
+                    table=self._table,
+                    ops=sql.SQL(_SPARSE_OPS[metric]),
+                    m=sql.Literal(m),
+                    ef=sql.Literal(ef_construction),
+                )
+            )
+        log.info(
+            "sink.column_added", table=self._table_name, column="sparse", dim=dim, metric=metric
+        )
 
     def _base_name(self) -> str:
         return self._table_name.split(".")[-1]

@@ -11,12 +11,20 @@ The table (created if absent)::
     doc_key     text NOT NULL            -- the row's document (keys[i] as text), indexed
     chunk_index integer                  -- its chunk; NULL for a row per input
 
+and, once sparse results come (``create_sparse``; a table made by them first has no
+``vector`` column until dense results come, and then ``vector`` and ``model`` are
+nullable)::
+
+    sparse       sparsevec(VOCAB)        -- a sparse result's term weights (row id = key)
+    sparse_model text                    -- the model that computed them
+
 with an HNSW index on ``vector`` for the chosen metric (``vector_ip_ops``,
 ``vector_cosine_ops`` or ``vector_l2_ops``), made at creation, or (bulk mode,
 ``index="after"``) left pending, noted in the table's comment, and built by
 ``build_pending_index`` once the load is done; and the documents table
 ``{table}_documents (doc_key PRIMARY KEY, requested_ms, request_id, chunks)``: each
-document's stored version.
+document's stored version (and, with sparse vectors, ``sparse_requested_ms`` and
+``sparse_request_id``: its sparse version, independent of the dense one).
 
 A batch is written by document (``sink.rows.newest`` keeps one version of each, the
 newest by ``(requested_ms, request_id)``). Its transaction first upserts the documents
@@ -48,7 +56,7 @@ import psycopg
 import structlog
 from psycopg import sql
 
-from sink.postgres.copy import copy_data
+from sink.postgres.copy import copy_data, sparse_copy_data
 from sink.postgres.documents import by_document
 from sink.postgres.documents import documents as batch_documents
 from sink.postgres.errors import FATAL, REFUSED, TRANSIENT, severity
@@ -69,6 +77,14 @@ log = structlog.get_logger("kembed.sink")
 
 _STAGING = "kembed_sink_staging"
 """The temporary table a batch is copied into (in the connection's own pg_temp schema)."""
+_SPARSE_STAGING = "kembed_sink_staging_sparse"
+"""The same for a batch's sparse rows."""
+
+_NEWER_METADATA = (
+    "CASE WHEN EXCLUDED.requested_ms >= t.requested_ms THEN EXCLUDED.metadata ELSE t.metadata END"
+)
+"""A row written by both kinds has the metadata of the newer write (by requested_ms), and
+its ``requested_ms`` is the newer's: whichever order the sink processes them in."""
 
 MIN_WRITER_ROWS = 256
 """A batch is split between writers only into parts of at least this many rows."""
@@ -108,6 +124,8 @@ class PostgresStore:
         # Writers 1.. have their own connections (writer 0 uses _conn), opened when needed.
         self._extra: list[psycopg.Connection[Any] | None] = [None] * (writers - 1)
         self._staging_on: dict[int, psycopg.Connection[Any]] = {}  # writer: its staging's
+        self._sparse_staging_on: dict[int, psycopg.Connection[Any]] = {}
+        self._has_sparse = False  # the table has a sparse column (once true, for good)
         self._pool: ThreadPoolExecutor | None = None
 
     @classmethod
@@ -163,6 +181,7 @@ class PostgresStore:
         else:
             self._extra[writer - 1] = None
         self._staging_on.pop(writer, None)
+        self._sparse_staging_on.pop(writer, None)
         if conn is not None:
             conn.close()
 
@@ -212,6 +231,21 @@ class PostgresStore:
         with conn.transaction():
             conn.execute(SCHEMA_LOCK)
             self._schema.create_table(conn, dim, metric)
+
+    def sparse_dim(self) -> int | None:
+        """The dimension of the table's sparse vectors; None when it has none (yet)."""
+        dim = self._schema.sparse_dim(self._connection())
+        self._has_sparse = self._has_sparse or dim is not None
+        return dim
+
+    def create_sparse(self, dim: int, metric: Metric) -> None:
+        """Make the table hold sparse vectors of dimension ``dim`` (``PostgresSchema.
+        create_sparse``): a new table, or columns added to the dense one."""
+        conn = self._connection()
+        with conn.transaction():
+            conn.execute(SCHEMA_LOCK)
+            self._schema.create_sparse(conn, dim, metric)
+        self._has_sparse = True
 
     def pending_index(self) -> str | None:
         """The operator class of the HNSW index a bulk load left to build, if any."""
@@ -272,15 +306,26 @@ class PostgresStore:
             raise errors[0]
 
     def _write(self, writer: int, rows: Sequence[Row]) -> None:
+        """A share's dense rows, then its sparse rows: one transaction each (each claims its
+        documents in key order, so two writers never wait on each other in a cycle)."""
+        dense = [row for row in rows if row.kind == "dense"]
+        sparse = [row for row in rows if row.kind == "sparse"]
+        if dense:
+            self._write_dense(writer, dense)
+        if sparse:
+            self._write_sparse(writer, sparse)
+
+    def _write_dense(self, writer: int, rows: Sequence[Row]) -> None:
         """One transaction on one writer's connection: claim the rows' documents in the
         documents table (in key order, each under its row lock until the commit: a
         document is written by one transaction at a time, whichever sink runs it), then,
         for the documents whose stored version is older than the batch's, replace all
         their rows (of either form) by the batch's (a document new to the documents table
         has no rows to remove). A document whose stored version is the same or newer is
-        left alone (a replay, or a result processed late)."""
-        if not rows:
-            return
+        left alone (a replay, or a result processed late). In a table that also holds
+        sparse vectors, a replaced document's rows that hold one are kept, their dense
+        vector cleared (the batch's may set it again): the sparse kind has its own
+        version."""
         claim = sql.SQL(
             "INSERT INTO {documents} AS d (doc_key, requested_ms, request_id, chunks) "
             "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::integer[]) "
@@ -293,6 +338,13 @@ class PostgresStore:
         remove = sql.SQL("DELETE FROM {table} WHERE doc_key = ANY(%s::text[])").format(
             table=self._table
         )
+        remove_dense = sql.SQL(
+            "DELETE FROM {table} WHERE doc_key = ANY(%s::text[]) AND sparse IS NULL"
+        ).format(table=self._table)
+        clear_dense = sql.SQL(
+            "UPDATE {table} SET vector = NULL, model = NULL "
+            "WHERE doc_key = ANY(%s::text[]) AND sparse IS NOT NULL AND vector IS NOT NULL"
+        ).format(table=self._table)
         # Every row of the staging table, or (some documents were not claimed) those of
         # the claimed documents: a hash join, not an array search per row.
         move = sql.SQL(
@@ -301,8 +353,9 @@ class PostgresStore:
             "SELECT s.id, s.vector, s.metadata, s.model, s.requested_ms, now(), s.doc_key, "
             "s.chunk_index FROM {staging} s{claimed} "
             "ON CONFLICT (id) DO UPDATE SET vector = EXCLUDED.vector, "
-            "metadata = EXCLUDED.metadata, model = EXCLUDED.model, "
-            "requested_ms = EXCLUDED.requested_ms, updated_at = EXCLUDED.updated_at, "
+            f"metadata = {_NEWER_METADATA}, model = EXCLUDED.model, "
+            "requested_ms = greatest(t.requested_ms, EXCLUDED.requested_ms), "
+            "updated_at = EXCLUDED.updated_at, "
             "doc_key = EXCLUDED.doc_key, chunk_index = EXCLUDED.chunk_index"
         )
         move_all = move.format(
@@ -329,7 +382,11 @@ class PostgresStore:
                 claimed = cursor.fetchall()
                 won = [key for key, _ in claimed]
                 replaced = [key for key, inserted in claimed if not inserted]
-                if replaced:
+                # Checked after the claim: a sparse write of these documents waits for it.
+                if replaced and (self._has_sparse or self._sparse_column(cursor)):
+                    cursor.execute(remove_dense, [replaced])
+                    cursor.execute(clear_dense, [replaced])
+                elif replaced:
                     cursor.execute(remove, [replaced])
                 if len(won) == len(documents):
                     cursor.execute(move_all)
@@ -337,6 +394,78 @@ class PostgresStore:
                     cursor.execute(move_claimed, [won])
         except psycopg.Error as exc:
             raise self._classified(writer, exc) from None
+
+    def _sparse_column(self, cursor: psycopg.Cursor[Any]) -> bool:
+        """Whether the table has a sparse column now (a sparse sink may have added it)."""
+        found = cursor.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+            "AND attname = 'sparse' AND NOT attisdropped",
+            [self._table.as_string(cursor.connection)],
+        ).fetchone()
+        self._has_sparse = found is not None
+        return self._has_sparse
+
+    def _write_sparse(self, writer: int, rows: Sequence[Row]) -> None:
+        """One transaction: claim the rows' documents' sparse version in the documents
+        table (in key order, under each document's row lock, as dense writes do; a
+        document new to it gets dense version -1, older than any), then upsert the claimed
+        documents' rows (id = key), setting only ``sparse``, ``sparse_model``,
+        ``updated_at``, and ``metadata`` and ``requested_ms`` when newer than the row's: a
+        row's dense vector is left as it is. A document whose stored sparse version is the
+        same or newer is left alone."""
+        claim = sql.SQL(
+            "INSERT INTO {documents} AS d (doc_key, requested_ms, request_id, chunks, "
+            "sparse_requested_ms, sparse_request_id) "
+            "SELECT k, -1, '', NULL, ms, rid "
+            "FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS u(k, ms, rid) ORDER BY 1 "
+            "ON CONFLICT (doc_key) DO UPDATE SET "
+            "sparse_requested_ms = EXCLUDED.sparse_requested_ms, "
+            "sparse_request_id = EXCLUDED.sparse_request_id "
+            "WHERE (coalesce(d.sparse_requested_ms, -1), coalesce(d.sparse_request_id, '')) "
+            "< (EXCLUDED.sparse_requested_ms, EXCLUDED.sparse_request_id) "
+            "RETURNING doc_key"
+        ).format(documents=self._schema.documents_table)
+        move = sql.SQL(
+            "INSERT INTO {table} AS t "
+            "(id, sparse, metadata, sparse_model, requested_ms, updated_at, doc_key) "
+            "SELECT s.id, s.sparse, s.metadata, s.model, s.requested_ms, now(), s.doc_key "
+            "FROM {staging} s JOIN unnest(%s::text[]) AS w(doc_key) ON w.doc_key = s.doc_key "
+            "ON CONFLICT (id) DO UPDATE SET sparse = EXCLUDED.sparse, "
+            f"sparse_model = EXCLUDED.sparse_model, metadata = {_NEWER_METADATA}, "
+            "requested_ms = greatest(t.requested_ms, EXCLUDED.requested_ms), "
+            "updated_at = EXCLUDED.updated_at"
+        ).format(table=self._table, staging=sql.Identifier(_SPARSE_STAGING))
+        copy = sql.SQL(
+            "COPY {staging} (id, sparse, metadata, model, requested_ms, doc_key) "
+            "FROM STDIN WITH (FORMAT BINARY)"
+        ).format(staging=sql.Identifier(_SPARSE_STAGING))
+        keys, versions, request_ids, _ = batch_documents(rows).columns()
+        data = sparse_copy_data(rows)
+        try:
+            conn = self._writer_connection(writer)
+            self._ensure_sparse_staging(writer, conn)
+            with conn.transaction(), conn.cursor() as cursor:
+                with cursor.copy(copy) as pipe:
+                    pipe.write(data)
+                cursor.execute(claim, [keys, versions, request_ids])
+                won = [key for (key,) in cursor.fetchall()]
+                if won:
+                    cursor.execute(move, [won])
+        except psycopg.Error as exc:
+            raise self._classified(writer, exc) from None
+
+    def _ensure_sparse_staging(self, writer: int, conn: psycopg.Connection[Any]) -> None:
+        """The connection's staging table for sparse rows (an unconstrained ``sparsevec``)."""
+        if self._sparse_staging_on.get(writer) is conn:
+            return
+        conn.execute(
+            sql.SQL(
+                "CREATE TEMPORARY TABLE IF NOT EXISTS {staging} (id text NOT NULL, "
+                "sparse sparsevec NOT NULL, metadata jsonb NOT NULL, model text NOT NULL, "
+                "requested_ms bigint NOT NULL, doc_key text NOT NULL) ON COMMIT DELETE ROWS"
+            ).format(staging=sql.Identifier(_SPARSE_STAGING))
+        )
+        self._sparse_staging_on[writer] = conn
 
     def _classified(self, writer: int, exc: psycopg.Error) -> Exception:
         """The store's error for a failed write, by SQLSTATE class (``sink.postgres.errors``)."""

@@ -217,7 +217,7 @@ def test_two_versions_with_one_requested_ms_never_mix(
             )
         ).fetchall()
     assert [np.asarray(v, np.float32).tolist() for _, v in vectors] == [
-        row.vector.tolist() for row in sorted(large, key=lambda r: r.id)
+        row.dense.tolist() for row in sorted(large, key=lambda r: r.id)
     ]
 
 

@@ -107,7 +107,7 @@ def test_copy_path_writes_exactly_the_rows_of_the_former_path(
     stored = _vectors(conn, "write_copy")
     assert len(stored) == len(rows)
     for row in rows:  # bit for bit, -0.0 and subnormals included
-        assert stored[row.id].tobytes() == row.vector.astype(np.float32).tobytes()
+        assert stored[row.id].tobytes() == row.dense.astype(np.float32).tobytes()
     first = conn.execute("SELECT metadata, model FROM write_copy WHERE id = 'doc-0-é'").fetchone()
     assert first == (rows[0].metadata, "model-ü")
 
@@ -160,7 +160,7 @@ def test_a_key_repeated_in_one_write_keeps_its_newest_version(
         store.upsert([first, second, older])
     finally:
         store.close()
-    assert _vectors(conn, "write_repeats")[first.id].tobytes() == second.vector.tobytes()
+    assert _vectors(conn, "write_repeats")[first.id].tobytes() == second.dense.tobytes()
 
 
 def test_refused_rows_write_nothing_and_the_store_keeps_working(
@@ -230,7 +230,7 @@ def _nearest(conn: psycopg.Connection[Any], table: str, vector: np.ndarray[Any, 
 def _unit_rows(count: int, version: int, seed: int, prefix: str = "doc") -> list[Row]:
     rows = _rows(count + 1, version, seed, prefix)[1:]  # not the row of extreme values
     for row in rows:
-        row.vector[:] /= np.linalg.norm(row.vector)
+        row.dense[:] /= np.linalg.norm(row.dense)
     return rows
 
 
@@ -264,7 +264,7 @@ def test_bulk_mode_loads_without_the_index_then_builds_it_once(
     assert "m='16'" in index.replace(" ", "")
     assert len(_table(conn, "write_bulk")) == 610
     for row in rows[:20]:
-        assert _nearest(conn, "write_bulk", row.vector) == row.id
+        assert _nearest(conn, "write_bulk", row.dense) == row.id
 
 
 def test_sinks_starting_together_on_a_fresh_database_all_start(

@@ -16,11 +16,14 @@ from typing import Any
 import httpx
 import numpy as np
 import numpy.typing as npt
+import psycopg
 import pytest
 
 from producer_sdk import EmbedClient, EmbedError, SparseEmbeddings
 from scripts.kafka_local import CATALOG_TOPIC_CONFIG, LocalKafka, TopicSpec
+from scripts.pg_local import LocalPostgres
 from tests.conftest import WorkerProcess
+from tests.integration.sink_helpers import create_topics, pg_settings, start_sink, wait_drained
 from tests.integration.test_gateway import GatewayProcess
 from tests.support.tiny_models import splade
 
@@ -30,6 +33,8 @@ TAG = uuid.uuid4().hex[:6]
 REQUESTS = f"test.sparse.requests.{TAG}"
 RESULTS = f"test.sparse.results.{TAG}"
 CATALOG = f"test.sparse.catalog.{TAG}"
+BULK = f"test.sparse.bulk.{TAG}"
+INGEST = f"embed.ingest.sparse-{TAG}"  # an ingestion results topic: the sink's input
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +57,7 @@ def sparse_worker(
             TopicSpec(RESULTS, 2),
             TopicSpec(CATALOG, 1, CATALOG_TOPIC_CONFIG),
             TopicSpec(f"{RESULTS}.gateway", 2),
+            TopicSpec(BULK, 2),
         ]
     )
     models: list[dict[str, Any]] = [
@@ -66,6 +72,7 @@ def sparse_worker(
         (REQUESTS, RESULTS),
         models=json.dumps(models),
         catalog_topic=CATALOG,
+        bulk_topic=BULK,
     )
     yield process
     assert process.stop() == 0
@@ -218,3 +225,100 @@ def test_tei_embed_sparse_answers_in_teis_shape(
     assert float(np.abs(dense - left).max()) <= 1e-4
     assert refused.status_code == 422, refused.text
     assert set(refused.json()) == {"error", "error_type"}
+
+
+def _sparse_literal(ids: npt.NDArray[Any], values: npt.NDArray[Any], vocab: int) -> str:
+    """pgvector's text form of a sparse vector (indices from 1)."""
+    terms = ",".join(f"{int(i) + 1}:{float(v)!r}" for i, v in zip(ids, values, strict=True))
+    return f"{{{terms}}}/{vocab}"
+
+
+async def test_dense_and_sparse_results_of_a_document_share_its_row_in_postgres(
+    kafka: LocalKafka,
+    postgres: LocalPostgres,
+    sparse_worker: WorkerProcess,
+    sparse_folders: dict[str, Path],
+    family_mix: list[str],
+    family_sentences: list[str],
+    tmp_path: Path,
+) -> None:
+    """Documents ingested dense (the bundled model) and sparse (a tiny SPLADE model) on the
+    bulk lane, in requests of mixed sizes interleaved on one ingestion topic, then a sparse
+    re-ingestion of some documents with edited texts, written by a real ``kembed sink``
+    into PostgreSQL: one row per key holds both vectors; each sparse vector is
+    sentence-transformers' within 1e-4 (the edited ones the new text's, their dense vector
+    the old text's: each kind keeps its own version); a query by a document's sparse vector
+    (and by its dense one) finds that document first."""
+    create_topics(kafka, INGEST)
+    texts = family_mix + list(dict.fromkeys(family_sentences[400:520]))[:113]  # distinct
+    keys = [f"doc-{i}" for i in range(len(texts))]
+    edited = {i: f"an edited passage about harbours and tides, number {i}" for i in (0, 5, 11)}
+    requests = 0
+    async with EmbedClient(
+        kafka.bootstrap_servers, requests_topic=REQUESTS, reply_topic=RESULTS, bulk_topic=BULK
+    ) as client:
+        for start, size in ((0, 7), (7, 1), (8, 13), (21, 100)):
+            part = slice(start, start + size)
+            for model in ("splade", "minilm") if start % 2 else ("minilm", "splade"):
+                submit = client.submit_sparse if model == "splade" else client.submit
+                await submit(
+                    texts[part],
+                    keys=keys[part],
+                    metadata=[{"n": i} for i in range(len(texts))][part],
+                    reply_to=INGEST,
+                    model=model,
+                    bulk=True,
+                )
+                requests += 1
+        await asyncio.sleep(0.01)  # the edit's version is newer than every other's
+        await client.submit_sparse(
+            list(edited.values()),
+            keys=[keys[i] for i in edited],
+            reply_to=INGEST,
+            model="splade",
+            bulk=True,
+        )
+        requests += 1
+        query = await client.embed_sparse([texts[9]], model="splade", timeout=120)
+        dense_query = await client.embed([texts[9]], model="minilm", timeout=120)
+    group = f"sink-sparse-{TAG}"
+    sink = start_sink(
+        kafka,
+        tmp_path / "sink.log",
+        **pg_settings(postgres, "sparse_docs", INGEST, group),
+        metric="cosine",
+    )
+    try:
+        await wait_drained(kafka.bootstrap_servers, INGEST, group, requests, sink)
+    finally:
+        assert sink.stop() == 0
+    with psycopg.connect(postgres.dsn, password=postgres.password) as conn:
+        rows = conn.execute(
+            "SELECT id, sparsevec_send(sparse), vector IS NOT NULL, model, sparse_model, "
+            "metadata FROM sparse_docs"
+        ).fetchall()
+        ids, values = query[0]
+        nearest = conn.execute(
+            "SELECT id FROM sparse_docs ORDER BY sparse <=> %s::sparsevec LIMIT 1",
+            [_sparse_literal(ids, values, query.vocab)],
+        ).fetchone()
+        vector = "[" + ",".join(map(repr, dense_query[0].tolist())) + "]"
+        nearest_dense = conn.execute(
+            "SELECT id FROM sparse_docs WHERE vector IS NOT NULL "
+            "ORDER BY vector <=> %s::vector LIMIT 1",
+            [vector],
+        ).fetchone()
+    assert nearest == nearest_dense == (keys[9],)
+    stored = {row[0]: row[1:] for row in rows}
+    assert set(stored) == set(keys)
+    now = [edited.get(i, text) for i, text in enumerate(texts)]
+    reference = _reference(sparse_folders["splade"], now)
+    for i, key in enumerate(keys):
+        raw, has_dense, model, sparse_model, metadata = stored[key]
+        assert (has_dense, model, sparse_model) == (True, "minilm", "splade")
+        assert metadata == ({} if i in edited else {"n": i})  # the newer write's metadata
+        vocab, nnz, _ = np.frombuffer(raw[:12], ">i4")
+        assert vocab == 30522
+        weights = np.zeros(vocab, np.float32)
+        weights[np.frombuffer(raw[12:], ">i4", nnz)] = np.frombuffer(raw[12 + 4 * nnz :], ">f4")
+        assert float(np.abs(weights - reference[i]).max()) <= 1e-4, key

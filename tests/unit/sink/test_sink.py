@@ -55,7 +55,7 @@ def test_float32_result_becomes_one_row_per_key_with_merged_metadata() -> None:
     first, second = outcome.rows
     assert (first.id, second.id) == ("a", "7")
     np.testing.assert_array_equal(first.vector, VECTORS[0])
-    assert first.vector.dtype == np.float32
+    assert first.dense.dtype == np.float32
     assert first.metadata == {"source": "s", "title": "A"}
     assert second.metadata == {"source": "s"}
     assert first.model == "m"
@@ -91,16 +91,16 @@ def test_float16_and_int8_results_are_widened_to_float32() -> None:
         result(vectors=VECTORS.astype("<f2").tobytes(), dtype=Encoding.FLOAT16, meta=None)
     )
     assert isinstance(half, RowsOf)
-    np.testing.assert_allclose(half.rows[0].vector, VECTORS[0], atol=5e-4)
+    np.testing.assert_allclose(half.rows[0].dense, VECTORS[0], atol=5e-4)
     codes = np.rint(VECTORS * 127).astype("i1")
     scales = np.full(2, INT8_NORMALIZED_SCALE, "<f4")
     quantized = rows_of(
         result(vectors=codes.tobytes(), dtype=Encoding.INT8, scales=scales.tobytes())
     )
     assert isinstance(quantized, RowsOf)
-    assert quantized.rows[1].vector.dtype == np.float32
-    np.testing.assert_allclose(quantized.rows[0].vector, VECTORS[0], atol=1 / 254)
-    np.testing.assert_allclose(quantized.rows[1].vector, VECTORS[1], atol=1 / 254)
+    assert quantized.rows[1].dense.dtype == np.float32
+    np.testing.assert_allclose(quantized.rows[0].dense, VECTORS[0], atol=1 / 254)
+    np.testing.assert_allclose(quantized.rows[1].dense, VECTORS[1], atol=1 / 254)
 
 
 @pytest.mark.parametrize(

@@ -168,7 +168,7 @@ async def test_one_write_then_dead_letters_then_the_commit() -> None:
         ("dead_letter", "invalid_result"),
         ("commit", {(TOPIC, 0): 13, (TOPIC, 1): 4}),
     ]
-    assert store.rows["a"].vector.tolist() == [1.0, 0.25, 0.25]
+    assert store.rows["a"].dense.tolist() == [1.0, 0.25, 0.25]
     topic, value, headers = publisher.sent[0]
     assert topic == f"{TOPIC}.dlq"
     assert value == encode_result(error)
@@ -293,8 +293,8 @@ async def test_the_newest_version_of_a_key_wins_inside_one_batch(newer_first: bo
     await sink._batch([newer, older, tie] if newer_first else [older, tie, newer])
     assert [sorted(ids) for call, ids in log.calls if call == "upsert"] == [["a", "b", "c"]]
     assert store.rows["a"].requested_ms == 2_000
-    assert store.rows["a"].vector.tolist() == [1.0, 0.5, 0.5]
-    assert store.rows["b"].vector.tolist() == [1.0, 0.75, 0.75]
+    assert store.rows["a"].dense.tolist() == [1.0, 0.5, 0.5]
+    assert store.rows["b"].dense.tolist() == [1.0, 0.75, 0.75]
     assert store.rows["c"].requested_ms == 1_000
     assert log.calls[-1] == ("commit", {(TOPIC, 0): 5, (TOPIC, 1): 9})
     assert metrics.results.labels("written")._value.get() == 3

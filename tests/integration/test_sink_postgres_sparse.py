@@ -1,0 +1,311 @@
+"""Sparse vectors in the Postgres store, against a real PostgreSQL with pgvector: a
+``sparsevec`` column beside the dense ``vector`` in one row per document key, each kind at
+its own version in the documents table; exact round trips (pgvector's binary form read
+back bit for bit), a nearest-neighbour query on the sparse HNSW index, a table made by
+sparse results first, and sparse vectors too large for the index refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg import sql
+from pydantic import SecretStr
+
+from scripts.pg_local import LocalPostgres
+from sink.postgres import PostgresStore
+from sink.registry import parse_target
+from sink.rows import Row, SparseVector
+from sink.store import DimensionMismatchError, RowsRefusedError
+
+pytestmark = pytest.mark.integration
+
+DIM = 8
+VOCAB = 30522
+
+
+def _store(postgres: LocalPostgres, table: str) -> PostgresStore:
+    store = PostgresStore(parse_target(postgres.dsn, SecretStr(postgres.password)), table)
+    store.open()
+    return store
+
+
+@pytest.fixture
+def conn(postgres: LocalPostgres) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(postgres.dsn, password=postgres.password, autocommit=True) as c:
+        yield c
+
+
+def _sparse(rng: np.random.Generator, nnz: int) -> SparseVector:
+    ids = np.sort(rng.choice(VOCAB, nnz, replace=False)).astype(np.int32)
+    values = rng.uniform(0.01, 3.0, nnz).astype(np.float32)
+    values[0] = np.float32(1e-45)  # a subnormal: the text form would round it
+    return SparseVector(ids, values, VOCAB)
+
+
+def _sparse_rows(keys: list[str], version: int, seed: int, nnz: int = 40) -> list[Row]:
+    rng = np.random.default_rng(seed)
+    return [
+        Row(
+            key,
+            _sparse(rng, nnz),
+            {"n": i, "kind": "sparse"},
+            "splade-ü",
+            version,
+            doc_key=key,
+            request_id=f"sparse-{version}",
+        )
+        for i, key in enumerate(keys)
+    ]
+
+
+def _dense_rows(keys: list[str], version: int, seed: int) -> list[Row]:
+    rng = np.random.default_rng(seed)
+    return [
+        Row(
+            key,
+            rng.standard_normal(DIM).astype(np.float32),
+            {"n": i, "kind": "dense"},
+            "dense-model",
+            version,
+            doc_key=key,
+            request_id=f"dense-{version}",
+        )
+        for i, key in enumerate(keys)
+    ]
+
+
+def _chunk_rows(key: str, chunks: int, version: int, seed: int) -> list[Row]:
+    rng = np.random.default_rng(seed)
+    return [
+        Row(
+            f"{key}#{k}",
+            rng.standard_normal(DIM).astype(np.float32),
+            {"chunk_index": k},
+            "dense-model",
+            version,
+            doc_key=key,
+            chunks=chunks,
+            chunk_index=k,
+            request_id=f"chunks-{version}",
+        )
+        for k in range(chunks)
+    ]
+
+
+def _stored(conn: psycopg.Connection[Any], table: str) -> dict[str, dict[str, Any]]:
+    """Each row: its sparse vector read in pgvector's binary form (bit for bit), whether it
+    has a dense vector, its models and metadata."""
+    query = sql.SQL(
+        "SELECT id, sparsevec_send(sparse), {dense}, model, sparse_model, metadata FROM {t}"
+    )
+    columns = {
+        name
+        for (name,) in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0",
+            [table],
+        ).fetchall()
+    }
+    dense = sql.SQL("vector IS NOT NULL" if "vector" in columns else "false")
+    out = {}
+    for row_id, raw, has_dense, model, sparse_model, metadata in conn.execute(
+        query.format(dense=dense, t=sql.Identifier(table))
+    ).fetchall():
+        vector = None
+        if raw is not None:
+            dim, nnz, unused = np.frombuffer(raw[:12], ">i4")
+            assert unused == 0
+            ids = np.frombuffer(raw[12:], ">i4", nnz).astype(np.int32)
+            values = np.frombuffer(raw[12 + 4 * nnz :], ">f4", nnz).astype(np.float32)
+            vector = (int(dim), ids, values)
+        out[row_id] = {
+            "sparse": vector,
+            "dense": has_dense,
+            "model": model,
+            "sparse_model": sparse_model,
+            "metadata": metadata,
+        }
+    return out
+
+
+def _same(stored: tuple[int, Any, Any] | None, row: Row) -> bool:
+    assert stored is not None
+    dim, ids, values = stored
+    vector = row.sparse
+    return (
+        dim == vector.size
+        and ids.tobytes() == vector.indices.tobytes()
+        and values.tobytes() == vector.values.tobytes()
+    )
+
+
+def test_sparse_rows_round_trip_exactly_beside_dense_ones_and_answer_a_query(
+    postgres: LocalPostgres, conn: psycopg.Connection[Any]
+) -> None:
+    """A dense table given sparse vectors: one row per key holds both, each bit for bit;
+    the sparse HNSW index answers an inner-product query with the expected document."""
+    keys = [f"doc-{i}-é" for i in range(60)]
+    dense, sparse = _dense_rows(keys, 1_000, seed=1), _sparse_rows(keys, 1_000, seed=2)
+    store = _store(postgres, "sparse_beside")
+    try:
+        store.create(DIM, "cosine")
+        store.upsert(dense)
+        assert store.sparse_dim() is None
+        store.create_sparse(VOCAB, "inner_product")
+        assert store.sparse_dim() == VOCAB
+        assert store.table_dim() == DIM
+        store.upsert(sparse[:30])
+        store.upsert(sparse[30:] + _dense_rows(["only-dense"], 1_000, seed=3))
+    finally:
+        store.close()
+    stored = _stored(conn, "sparse_beside")
+    assert set(stored) == {*keys, "only-dense"}
+    for row in sparse:
+        got = stored[row.id]
+        assert _same(got["sparse"], row)
+        assert got["dense"] is True
+        assert (got["model"], got["sparse_model"]) == ("dense-model", "splade-ü")
+    assert stored["only-dense"]["sparse"] is None
+    query = sparse[17].sparse
+    terms = ",".join(
+        f"{i + 1}:{float(v)!r}" for i, v in zip(query.indices, query.values, strict=True)
+    )
+    literal = f"{{{terms}}}/{VOCAB}"  # the text form counts dimensions from 1
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_seqscan = off")  # the HNSW index, not a scan
+        plan = conn.execute(
+            "EXPLAIN SELECT id FROM sparse_beside ORDER BY sparse <#> %s::sparsevec LIMIT 3",
+            [literal],
+        ).fetchall()
+        nearest = conn.execute(
+            "SELECT id FROM sparse_beside ORDER BY sparse <#> %s::sparsevec LIMIT 1", [literal]
+        ).fetchone()
+    assert any("sparse_beside_sparse_hnsw" in line for (line,) in plan), plan
+    assert nearest == (keys[17],)
+
+
+def test_each_kind_keeps_its_own_version(
+    postgres: LocalPostgres, conn: psycopg.Connection[Any]
+) -> None:
+    """An older sparse version changes nothing; a newer one replaces the sparse vector and
+    leaves the dense one; a dense replacement (even into chunks, and back) keeps the
+    sparse vector; a replay is idempotent."""
+    store = _store(postgres, "sparse_versions")
+    try:
+        store.create(DIM, "cosine")
+        store.create_sparse(VOCAB, "inner_product")
+        store.upsert(_dense_rows(["a", "b"], 2_000, seed=1))
+        newer = _sparse_rows(["a", "b"], 3_000, seed=2)
+        store.upsert(newer)
+        store.upsert(_sparse_rows(["a", "b"], 2_500, seed=3))  # older: ignored
+        store.upsert(newer)  # a replay
+        after = _stored(conn, "sparse_versions")
+        assert _same(after["a"]["sparse"], newer[0])
+        assert _same(after["b"]["sparse"], newer[1])
+        assert after["a"]["dense"]
+        assert after["b"]["dense"]
+        assert after["b"]["metadata"]["kind"] == "sparse"  # the newer write's
+        # Document a becomes three chunks: its row "a" keeps the sparse vector, no dense.
+        store.upsert(_chunk_rows("a", 3, 4_000, seed=4))
+        chunked = _stored(conn, "sparse_versions")
+        assert set(chunked) == {"a", "a#0", "a#1", "a#2", "b"}
+        assert chunked["a"]["dense"] is False
+        assert chunked["a"]["model"] is None
+        assert _same(chunked["a"]["sparse"], newer[0])
+        assert all(
+            chunked[f"a#{k}"]["dense"] and chunked[f"a#{k}"]["sparse"] is None for k in range(3)
+        )
+        # An older dense version of a (one vector) is refused by the documents table.
+        store.upsert(_dense_rows(["a"], 3_500, seed=5))
+        assert set(_stored(conn, "sparse_versions")) == set(chunked)
+        # A newer one: the chunks go, row a holds both again.
+        store.upsert(_dense_rows(["a"], 5_000, seed=6))
+        back = _stored(conn, "sparse_versions")
+        assert set(back) == {"a", "b"}
+        assert back["a"]["dense"]
+        assert _same(back["a"]["sparse"], newer[0])
+        latest = _sparse_rows(["a"], 6_000, seed=7)
+        store.upsert(latest)
+        assert _same(_stored(conn, "sparse_versions")["a"]["sparse"], latest[0])
+        # A sparse vector older than the row's dense one: the metadata stays the dense's.
+        store.upsert(_dense_rows(["c"], 9_000, seed=8))
+        store.upsert(_sparse_rows(["c"], 8_000, seed=9))
+        c = _stored(conn, "sparse_versions")["c"]
+        assert c["metadata"]["kind"] == "dense"
+        assert c["sparse"] is not None
+        assert _stored(conn, "sparse_versions")["a"]["metadata"]["kind"] == "sparse"
+        versions = conn.execute(
+            "SELECT doc_key, requested_ms, sparse_requested_ms, sparse_request_id "
+            "FROM sparse_versions_documents ORDER BY doc_key"
+        ).fetchall()
+    finally:
+        store.close()
+    assert versions == [
+        ("a", 5_000, 6_000, "sparse-6000"),
+        ("b", 2_000, 3_000, "sparse-3000"),
+        ("c", 9_000, 8_000, "sparse-8000"),
+    ]
+
+
+def test_a_table_made_by_sparse_results_first_takes_dense_ones_later(
+    postgres: LocalPostgres, conn: psycopg.Connection[Any]
+) -> None:
+    """Sparse results make a table with no dense column; dense results add it (with its
+    index); a second sparse sink sees the vocabulary size, and another size is refused."""
+    store = _store(postgres, "sparse_first")
+    try:
+        assert store.sparse_dim() is None
+        store.create_sparse(VOCAB, "inner_product")
+        assert store.table_dim() is None
+        rows = _sparse_rows(["x", "y"], 1_000, seed=1)
+        store.upsert(rows)
+        assert _stored(conn, "sparse_first")["x"]["dense"] is False
+        store.create(DIM, "l2")
+        assert store.table_dim() == DIM
+        store.upsert(_dense_rows(["y", "z"], 1_000, seed=2))
+        with pytest.raises(DimensionMismatchError, match="sparse results"):
+            store.create_sparse(VOCAB + 1, "inner_product")
+    finally:
+        store.close()
+    other = _store(postgres, "sparse_first")
+    try:
+        assert other.sparse_dim() == VOCAB
+    finally:
+        other.close()
+    stored = _stored(conn, "sparse_first")
+    assert {key: (row["dense"], row["sparse"] is not None) for key, row in stored.items()} == {
+        "x": (False, True),
+        "y": (True, True),
+        "z": (True, False),
+    }
+    assert _same(stored["y"]["sparse"], rows[1])
+    indexes = {
+        name
+        for (name,) in conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'sparse_first'"
+        ).fetchall()
+    }
+    assert {"sparse_first_vector_hnsw", "sparse_first_sparse_hnsw"} <= indexes
+
+
+def test_a_sparse_vector_over_the_index_limit_is_refused_and_nothing_written(
+    postgres: LocalPostgres, conn: psycopg.Connection[Any]
+) -> None:
+    """pgvector's HNSW index holds at most 1,000 nonzero values: a batch with a longer
+    vector is refused as a whole (the sink then finds the culprit result)."""
+    store = _store(postgres, "sparse_limit")
+    try:
+        store.create_sparse(VOCAB, "inner_product")
+        fits = _sparse_rows(["ok"], 1_000, seed=1, nnz=1000)
+        store.upsert(fits)
+        with pytest.raises(RowsRefusedError) as refused:
+            store.upsert(_sparse_rows(["big", "small"], 1_000, seed=2, nnz=1001))
+        store.upsert(_sparse_rows(["small"], 1_000, seed=3))
+    finally:
+        store.close()
+    assert refused.value.code == "limit_exceeded"
+    assert "1000" in str(refused.value)
+    assert set(_stored(conn, "sparse_limit")) == {"ok", "small"}
