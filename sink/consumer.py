@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import numpy as np
 import structlog
 
 from kembed_shared import backoff
@@ -25,14 +24,12 @@ from kembed_shared.ports import (
 from kembed_shared.publish_retry import retry_publish
 from schemas.headers import CORRELATION_ID, LANE, LANE_BULK, dead_letter_headers
 from sink.metrics import SinkMetrics
-from sink.rows import DIMENSION_MISMATCH, Refused, Row, RowsOf, newest, rows_of
+from sink.rows import Refused, Row, RowsOf, newest, rows_of
 from sink.settings import SinkSettings
+from sink.shapes import TableShape
 from sink.store import (
-    DimensionMismatchError,
     IndexBuilder,
-    Metric,
     RowsRefusedError,
-    SparseStore,
     TransientWriteError,
     VectorStore,
 )
@@ -45,14 +42,11 @@ _T = TypeVar("_T")
 
 WRITE_REFUSED = "write_refused"
 WRITE_RETRY = "write_retry"
-SPARSE_NOT_SUPPORTED = "sparse_not_supported"
-"""Dead-letter code of a sparse result on a sink whose target stores dense vectors only."""
 NOT_BULK_LANE = "not_bulk_lane"
 """Dead-letter code of a result whose request did not come on the bulk lane (no
 ``kembed.lane: bulk`` header): a client allowed to send interactive requests must not
 choose rows of the database."""
 _LOGGED_KEYS = 20  # keys named in one log line; the count says how many there were
-_UNIT_NORM_TOLERANCE = 1e-2  # int8 codes of a unit vector are unit length to within ~1e-3
 _BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 _MAX_DLQ_MESSAGE = 1000
 
@@ -118,9 +112,7 @@ class Sink:
         self._metrics = metrics
         self._executor = executor
         self._dlq_topic = settings.resolved_dlq_topic()
-        self._table_exists = table_dim is not None
-        self._dim = table_dim or settings.dim
-        self._sparse_dim: int | None = None  # read from the table at the first sparse result
+        self._shape = TableShape(store, settings, table_dim, executor)
         self._written_any = False
         # Bulk mode: an index may be pending until the sink has been caught up for a while
         # (in either mode: a sink restarted with index=streaming builds it all the same).
@@ -203,7 +195,7 @@ class Sink:
             return
         owned = self._source.assignment()
         lag = self._source.lag()
-        if not owned or not self._table_exists or any(lag.get(tp) != 0 for tp in owned):
+        if not owned or not self._shape.exists or any(lag.get(tp) != 0 for tp in owned):
             self._caught_up_since = None
             return
         now = time.monotonic()
@@ -239,11 +231,7 @@ class Sink:
                     dead.append((record, outcome))
                 else:
                     good.append((record, outcome))
-            dense = [(r, res) for r, res in good if res.kind == "dense"]
-            sparse = [(r, res) for r, res in good if res.kind == "sparse"]
-            good = await self._dense_matching(dense, dead) + await self._sparse_matching(
-                sparse, dead
-            )
+            good = await self._shape.matching(good, dead, self._written_any)
             written = await self._write(good, dead)
             for record, refused in dead:
                 await self._dead_letter(record, refused)
@@ -266,76 +254,6 @@ class Sink:
             )
         finally:
             self._batch_started = None
-
-    async def _dense_matching(
-        self, good: list[tuple[Record, RowsOf]], dead: list[tuple[Record, Refused]]
-    ) -> list[tuple[Record, RowsOf]]:
-        """The dense results of the table's dimension (the table made at the first);
-        the others dead-lettered, unless none matches before anything was written: then
-        the sink points at the wrong table, and stops."""
-        if not good:
-            return []
-        await self._ensure_table(good)
-        matching = [(r, res) for r, res in good if res.dim == self._dim]
-        if not matching and not self._written_any:
-            raise DimensionMismatchError(
-                self._store.name,
-                self._dim or 0,
-                good[0][1].dim,
-                f"the results on {self._settings.results_topic!r} have",
-            )
-        dead.extend(
-            (record, _mismatch(result, self._dim))
-            for record, result in good
-            if result.dim != self._dim
-        )
-        return matching
-
-    async def _sparse_matching(
-        self, good: list[tuple[Record, RowsOf]], dead: list[tuple[Record, Refused]]
-    ) -> list[tuple[Record, RowsOf]]:
-        """The sparse results of the table's sparse dimension (its vocabulary size; the
-        sparse column made at the first); the others dead-lettered, and all of them on a
-        target that holds dense vectors only."""
-        if not good:
-            return []
-        store = self._store
-        if not isinstance(store, SparseStore):
-            dead.extend((record, _no_sparse(result, store.name)) for record, result in good)
-            return []
-        if self._sparse_dim is None:
-            dim = await self._in_db(store.sparse_dim)
-            if dim is None:
-                dim = good[0][1].dim
-                metric: Metric = (
-                    "inner_product" if self._settings.metric == "auto" else self._settings.metric
-                )
-                await self._in_db(lambda: store.create_sparse(dim, metric))
-            self._sparse_dim = dim
-        dead.extend(
-            (record, _mismatch(result, self._sparse_dim))
-            for record, result in good
-            if result.dim != self._sparse_dim
-        )
-        return [(r, res) for r, res in good if res.dim == self._sparse_dim]
-
-    async def _ensure_table(self, good: list[tuple[Record, RowsOf]]) -> None:
-        """Create the table at the first batch that needs it: of the configured dimension,
-        or the first result's, and the metric the settings or the vectors call for."""
-        if self._table_exists:
-            return
-        dim = self._dim or good[0][1].dim
-        metric = self._metric([result for _, result in good if result.dim == dim])
-        await self._in_db(lambda: self._store.create(dim, metric))
-        self._table_exists, self._dim = True, dim
-
-    def _metric(self, results: list[RowsOf]) -> Metric:
-        if self._settings.metric != "auto":
-            return self._settings.metric
-        vectors = np.stack([row.dense for result in results for row in result.rows])
-        norms = np.linalg.norm(vectors, axis=1)
-        unit = bool(np.all(np.abs(norms - 1.0) <= _UNIT_NORM_TOLERANCE))
-        return "inner_product" if unit else "cosine"
 
     async def _write(
         self, good: list[tuple[Record, RowsOf]], dead: list[tuple[Record, Refused]]
@@ -436,27 +354,6 @@ class Sink:
     def _update_lag(self) -> None:
         for (topic, partition), lag in self._source.lag().items():
             self._metrics.consumer_lag.labels(topic, str(partition)).set(lag)
-
-
-def _mismatch(result: RowsOf, dim: int | None) -> Refused:
-    held = "the table's sparse vectors have" if result.kind == "sparse" else "the table holds"
-    kind = "sparse vectors" if result.kind == "sparse" else "vectors"
-    return Refused(
-        DIMENSION_MISMATCH,
-        f"{kind} of dimension {result.dim}; {held} dimension {dim}",
-        request_id=result.request_id,
-        keys=tuple(row.id for row in result.rows),
-    )
-
-
-def _no_sparse(result: RowsOf, target: str) -> Refused:
-    return Refused(
-        SPARSE_NOT_SUPPORTED,
-        f"a sparse result; {target!r} stores dense vectors only (write sparse results to "
-        "a PostgreSQL target)",
-        request_id=result.request_id,
-        keys=tuple(row.id for row in result.rows),
-    )
 
 
 def _refused_by_db(result: RowsOf, error: RowsRefusedError) -> Refused:

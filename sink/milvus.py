@@ -18,6 +18,14 @@ rows that the batch did not write (stale chunks, the other form) are deleted. A 
 between the two calls leaves those rows until the batch is replayed (its offsets were not
 committed). The read and the write are separate calls: one writer per collection.
 
+Sparse vectors (rows of ``kind`` ``"sparse"``) go to a companion collection
+``{collection}_sparse``, made at the first sparse result: ``id`` (the key), ``sparse``
+(SPARSE_FLOAT_VECTOR) with a SPARSE_INVERTED_INDEX for inner product (the only metric
+Milvus has for sparse vectors), and the same scalar fields; a document's sparse vector has
+its own version there, read and compared the same way. Milvus Lite cannot add a field to
+an existing collection, so the two kinds cannot share a row as in PostgreSQL: join them by
+``id`` (or search both and fuse).
+
 A collection made by an older sink has no identity fields (Milvus Lite cannot add any):
 it is written as before, documents told by their chunks' metadata, and without
 ``requested_ms`` without versions (a warning says which).
@@ -71,6 +79,10 @@ _IDS_PER_QUERY = 1000
 """Ids or document keys per ``in`` filter."""
 _REQUEST_ID_BYTES = 256
 _IDENTITY = ("doc_key", "chunk_index", "request_id")
+_SPARSE_SUFFIX = "_sparse"
+"""The companion collection of sparse vectors: ``{collection}_sparse``."""
+_SPARSE_VOCAB = "kembed.vocab"
+"""The sparse collection's property: the vectors' dimension (Milvus stores none)."""
 """The fields that say which document (and chunk) a row is, and which request wrote it."""
 
 
@@ -91,6 +103,7 @@ class MilvusStore:
         self._client: Any = None
         self._versioned = True
         self._identity = True
+        self._sparse_collection = collection + _SPARSE_SUFFIX
 
     @classmethod
     def from_settings(cls, spec: TargetSpec, settings: SinkSettings) -> MilvusStore:
@@ -120,8 +133,9 @@ class MilvusStore:
             raise TransientWriteError(self._describe("cannot connect", exc)) from None
         except MilvusException as exc:
             raise TargetError(self._describe("cannot connect", exc)) from None
-        if self._client.has_collection(self._collection):
-            self._client.load_collection(self._collection)
+        for collection in (self._collection, self._sparse_collection):
+            if self._client.has_collection(collection):
+                self._client.load_collection(collection)
 
     def close(self) -> None:
         if self._client is not None:
@@ -183,13 +197,7 @@ class MilvusStore:
         schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
-        schema.add_field("metadata", DataType.JSON)
-        schema.add_field("model", DataType.VARCHAR, max_length=_MODEL_BYTES)
-        schema.add_field(_VERSION, DataType.INT64)
-        schema.add_field("updated_at", DataType.INT64)
-        schema.add_field("doc_key", DataType.VARCHAR, max_length=MAX_ID_BYTES)
-        schema.add_field("chunk_index", DataType.INT64)
-        schema.add_field("request_id", DataType.VARCHAR, max_length=_REQUEST_ID_BYTES)
+        self._scalar_fields(schema)
         m, ef_construction = self._hnsw
         index = client.prepare_index_params()
         index.add_index(
@@ -202,12 +210,108 @@ class MilvusStore:
         client.load_collection(self._collection)
         log.info("sink.table_created", table=self._collection, dim=dim, metric=metric)
 
+    def sparse_dim(self) -> int | None:
+        """The vocabulary size the sparse collection was made for; None when absent."""
+        client = self._connected()
+        if not client.has_collection(self._sparse_collection):
+            return None
+        described = client.describe_collection(self._sparse_collection)
+        fields = {f["name"]: f for f in described["fields"]}
+        if "sparse" not in fields or fields["sparse"]["type"] != DataType.SPARSE_FLOAT_VECTOR:
+            raise TargetError(
+                f"collection {self._sparse_collection!r} exists but has no SPARSE_FLOAT_VECTOR "
+                "field sparse: it was not made by kembed sink; use another collection"
+            )
+        vocab = (described.get("properties") or {}).get(_SPARSE_VOCAB)
+        if vocab is None:
+            raise TargetError(
+                f"collection {self._sparse_collection!r} lacks the property {_SPARSE_VOCAB}: "
+                "it was not made by kembed sink; use another collection"
+            )
+        return int(vocab)
+
+    def create_sparse(self, dim: int, metric: Metric) -> None:
+        """Make the companion collection of sparse vectors (``{collection}_sparse``),
+        with an inner-product SPARSE_INVERTED_INDEX whatever ``metric`` says: Milvus has
+        no other metric for sparse vectors (a warning says so)."""
+        existing = self.sparse_dim()
+        if existing is not None:
+            if existing != dim:
+                raise DimensionMismatchError(
+                    self._sparse_collection, existing, dim, "the sparse results have"
+                )
+            return
+        if metric != "inner_product":
+            log.warning(
+                "sink.sparse_metric",
+                table=self._sparse_collection,
+                metric=metric,
+                reason="Milvus indexes sparse vectors for inner product only: the sparse "
+                "collection's index is IP",
+            )
+        client = self._connected()
+        schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
+        schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
+        self._scalar_fields(schema)
+        index = client.prepare_index_params()
+        index.add_index(field_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="IP")
+        client.create_collection(
+            self._sparse_collection,
+            schema=schema,
+            index_params=index,
+            properties={_SPARSE_VOCAB: str(dim)},
+        )
+        client.load_collection(self._sparse_collection)
+        log.info("sink.table_created", table=self._sparse_collection, dim=dim, metric="IP")
+
     def upsert(self, rows: Sequence[Row]) -> None:
+        sparse = [row for row in rows if row.kind == "sparse"]
+        if sparse:
+            self._upsert_sparse(sparse)
+        if len(sparse) < len(rows):
+            self._upsert_dense([row for row in rows if row.kind == "dense"])
+
+    def _upsert_sparse(self, rows: list[Row]) -> None:
+        """Sparse rows into the companion collection, each document at its own version
+        (one row per document: nothing stale to delete)."""
+        now_ms = int(time.time() * 1000)
+        try:
+            kept, _ = self._by_document(newest(rows), self._sparse_collection)
+            data = [self._sparse_entity(row, now_ms) for row in kept]
+            if data:
+                self._connected().upsert(self._sparse_collection, data)
+        except Exception as exc:  # noqa: BLE001 (classified as for dense rows)
+            raise self._classified(exc) from None
+
+    def _sparse_entity(self, row: Row, now_ms: int) -> dict[str, Any]:
+        vector = row.sparse
+        return {
+            "id": row.id,
+            "sparse": dict(zip(vector.indices.tolist(), vector.values.tolist(), strict=True)),
+            "metadata": row.metadata,
+            "model": row.model[:_MODEL_BYTES],
+            _VERSION: row.requested_ms,
+            "updated_at": now_ms,
+            "doc_key": row.document,
+            "chunk_index": -1,
+            "request_id": row.request_id[:_REQUEST_ID_BYTES],
+        }
+
+    def _classified(self, exc: Exception) -> Exception:
+        if isinstance(exc, MilvusUnavailableException | ConnectError):
+            self.close()
+            return TransientWriteError(self._describe("write failed", exc))
+        if isinstance(exc, MilvusException | ParamError):
+            return RowsRefusedError(self._describe("rows refused", exc))
+        return exc
+
+    def _upsert_dense(self, rows: Sequence[Row]) -> None:
         now_ms = int(time.time() * 1000)
         stale: list[str] = []
         try:
             if self._identity:
-                rows, stale = self._by_document(newest(rows))
+                rows, stale = self._by_document(newest(rows), self._collection)
             elif self._versioned:
                 rows, stale = self._chunks_by_metadata(self._newest(rows))
             else:
@@ -228,6 +332,17 @@ class MilvusStore:
             # sink writes result by result and dead-letters the one refused.
             raise RowsRefusedError(self._describe("rows refused", exc)) from None
 
+    @staticmethod
+    def _scalar_fields(schema: Any) -> None:
+        """The fields beside the primary key and the vector, in either collection."""
+        schema.add_field("metadata", DataType.JSON)
+        schema.add_field("model", DataType.VARCHAR, max_length=_MODEL_BYTES)
+        schema.add_field(_VERSION, DataType.INT64)
+        schema.add_field("updated_at", DataType.INT64)
+        schema.add_field("doc_key", DataType.VARCHAR, max_length=MAX_ID_BYTES)
+        schema.add_field("chunk_index", DataType.INT64)
+        schema.add_field("request_id", DataType.VARCHAR, max_length=_REQUEST_ID_BYTES)
+
     def _entity(self, row: Row, now_ms: int) -> dict[str, Any]:
         entity: dict[str, Any] = {
             "id": row.id,
@@ -244,7 +359,7 @@ class MilvusStore:
             entity["request_id"] = row.request_id[:_REQUEST_ID_BYTES]
         return entity
 
-    def _by_document(self, rows: list[Row]) -> tuple[list[Row], list[str]]:
+    def _by_document(self, rows: list[Row], collection: str) -> tuple[list[Row], list[str]]:
         """``rows`` less the documents whose stored version is newer than the batch's, and
         the ids of the stored rows (of either form) of the other documents that the batch
         does not write again: a document ends as exactly its newest version."""
@@ -254,7 +369,7 @@ class MilvusStore:
         keys = list(version)
         for start in range(0, len(keys), _IDS_PER_QUERY):
             stored += self._connected().query(
-                self._collection,
+                collection,
                 filter=_in("doc_key", keys[start : start + _IDS_PER_QUERY]),
                 output_fields=["id", "doc_key", _VERSION, "request_id"],
             )

@@ -56,11 +56,13 @@ import psycopg
 import structlog
 from psycopg import sql
 
-from sink.postgres.copy import copy_data, sparse_copy_data
+from sink.postgres.copy import copy_data
+from sink.postgres.dense import DenseStatements
 from sink.postgres.documents import by_document
 from sink.postgres.documents import documents as batch_documents
 from sink.postgres.errors import FATAL, REFUSED, TRANSIENT, severity
 from sink.postgres.schema import SCHEMA_LOCK, PostgresSchema
+from sink.postgres.sparse import SparseStatements, write_sparse
 from sink.rows import Row, newest
 from sink.settings import SinkSettings
 from sink.store import (
@@ -75,10 +77,6 @@ __all__ = ["PostgresStore"]
 
 log = structlog.get_logger("kembed.sink")
 
-_STAGING = "kembed_sink_staging"
-"""The temporary table a batch is copied into (in the connection's own pg_temp schema)."""
-_SPARSE_STAGING = "kembed_sink_staging_sparse"
-"""The same for a batch's sparse rows."""
 
 _NEWER_METADATA = (
     "CASE WHEN EXCLUDED.requested_ms >= t.requested_ms THEN EXCLUDED.metadata ELSE t.metadata END"
@@ -116,6 +114,8 @@ class PostgresStore:
             hnsw_ef_construction=hnsw_ef_construction,
             index_after=index == "after",
         )
+        self._dense = DenseStatements(self._table, self._schema.documents_table)
+        self._sparse = SparseStatements(self._table, self._schema.documents_table)
         self._build_settings = {
             "maintenance_work_mem": f"{index_build_memory_mb}MB",
             "max_parallel_maintenance_workers": str(index_build_workers),
@@ -326,72 +326,31 @@ class PostgresStore:
         sparse vectors, a replaced document's rows that hold one are kept, their dense
         vector cleared (the batch's may set it again): the sparse kind has its own
         version."""
-        claim = sql.SQL(
-            "INSERT INTO {documents} AS d (doc_key, requested_ms, request_id, chunks) "
-            "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::integer[]) "
-            "ORDER BY 1 "
-            "ON CONFLICT (doc_key) DO UPDATE SET requested_ms = EXCLUDED.requested_ms, "
-            "request_id = EXCLUDED.request_id, chunks = EXCLUDED.chunks "
-            "WHERE (d.requested_ms, d.request_id) < (EXCLUDED.requested_ms, EXCLUDED.request_id) "
-            "RETURNING doc_key, xmax = 0"  # xmax 0: inserted, the document had no rows
-        ).format(documents=self._schema.documents_table)
-        remove = sql.SQL("DELETE FROM {table} WHERE doc_key = ANY(%s::text[])").format(
-            table=self._table
-        )
-        remove_dense = sql.SQL(
-            "DELETE FROM {table} WHERE doc_key = ANY(%s::text[]) AND sparse IS NULL"
-        ).format(table=self._table)
-        clear_dense = sql.SQL(
-            "UPDATE {table} SET vector = NULL, model = NULL "
-            "WHERE doc_key = ANY(%s::text[]) AND sparse IS NOT NULL AND vector IS NOT NULL"
-        ).format(table=self._table)
-        # Every row of the staging table, or (some documents were not claimed) those of
-        # the claimed documents: a hash join, not an array search per row.
-        move = sql.SQL(
-            "INSERT INTO {table} AS t "
-            "(id, vector, metadata, model, requested_ms, updated_at, doc_key, chunk_index) "
-            "SELECT s.id, s.vector, s.metadata, s.model, s.requested_ms, now(), s.doc_key, "
-            "s.chunk_index FROM {staging} s{claimed} "
-            "ON CONFLICT (id) DO UPDATE SET vector = EXCLUDED.vector, "
-            f"metadata = {_NEWER_METADATA}, model = EXCLUDED.model, "
-            "requested_ms = greatest(t.requested_ms, EXCLUDED.requested_ms), "
-            "updated_at = EXCLUDED.updated_at, "
-            "doc_key = EXCLUDED.doc_key, chunk_index = EXCLUDED.chunk_index"
-        )
-        move_all = move.format(
-            table=self._table, staging=sql.Identifier(_STAGING), claimed=sql.SQL("")
-        )
-        move_claimed = move.format(
-            table=self._table,
-            staging=sql.Identifier(_STAGING),
-            claimed=sql.SQL(" JOIN unnest(%s::text[]) AS w(doc_key) ON w.doc_key = s.doc_key"),
-        )
-        copy = sql.SQL(
-            "COPY {staging} (id, vector, metadata, model, requested_ms, doc_key, chunk_index) "
-            "FROM STDIN WITH (FORMAT BINARY)"
-        ).format(staging=sql.Identifier(_STAGING))
+        statements = self._dense
         documents = batch_documents(rows)
         data = copy_data(rows, identity=True)
         try:
             conn = self._writer_connection(writer)
-            self._ensure_staging(writer, conn)
+            if self._staging_on.get(writer) is not conn:
+                conn.execute(statements.staging)
+                self._staging_on[writer] = conn
             with conn.transaction(), conn.cursor() as cursor:
-                with cursor.copy(copy) as pipe:  # before the claim: locks held briefly
+                with cursor.copy(statements.copy) as pipe:  # before the claim: locks held briefly
                     pipe.write(data)
-                cursor.execute(claim, documents.columns())
+                cursor.execute(statements.claim, documents.columns())
                 claimed = cursor.fetchall()
                 won = [key for key, _ in claimed]
                 replaced = [key for key, inserted in claimed if not inserted]
                 # Checked after the claim: a sparse write of these documents waits for it.
                 if replaced and (self._has_sparse or self._sparse_column(cursor)):
-                    cursor.execute(remove_dense, [replaced])
-                    cursor.execute(clear_dense, [replaced])
+                    cursor.execute(statements.remove_dense, [replaced])
+                    cursor.execute(statements.clear_dense, [replaced])
                 elif replaced:
-                    cursor.execute(remove, [replaced])
+                    cursor.execute(statements.remove, [replaced])
                 if len(won) == len(documents):
-                    cursor.execute(move_all)
+                    cursor.execute(statements.move_all)
                 elif won:
-                    cursor.execute(move_claimed, [won])
+                    cursor.execute(statements.move_claimed, [won])
         except psycopg.Error as exc:
             raise self._classified(writer, exc) from None
 
@@ -406,66 +365,16 @@ class PostgresStore:
         return self._has_sparse
 
     def _write_sparse(self, writer: int, rows: Sequence[Row]) -> None:
-        """One transaction: claim the rows' documents' sparse version in the documents
-        table (in key order, under each document's row lock, as dense writes do; a
-        document new to it gets dense version -1, older than any), then upsert the claimed
-        documents' rows (id = key), setting only ``sparse``, ``sparse_model``,
-        ``updated_at``, and ``metadata`` and ``requested_ms`` when newer than the row's: a
-        row's dense vector is left as it is. A document whose stored sparse version is the
-        same or newer is left alone."""
-        claim = sql.SQL(
-            "INSERT INTO {documents} AS d (doc_key, requested_ms, request_id, chunks, "
-            "sparse_requested_ms, sparse_request_id) "
-            "SELECT k, -1, '', NULL, ms, rid "
-            "FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS u(k, ms, rid) ORDER BY 1 "
-            "ON CONFLICT (doc_key) DO UPDATE SET "
-            "sparse_requested_ms = EXCLUDED.sparse_requested_ms, "
-            "sparse_request_id = EXCLUDED.sparse_request_id "
-            "WHERE (coalesce(d.sparse_requested_ms, -1), coalesce(d.sparse_request_id, '')) "
-            "< (EXCLUDED.sparse_requested_ms, EXCLUDED.sparse_request_id) "
-            "RETURNING doc_key"
-        ).format(documents=self._schema.documents_table)
-        move = sql.SQL(
-            "INSERT INTO {table} AS t "
-            "(id, sparse, metadata, sparse_model, requested_ms, updated_at, doc_key) "
-            "SELECT s.id, s.sparse, s.metadata, s.model, s.requested_ms, now(), s.doc_key "
-            "FROM {staging} s JOIN unnest(%s::text[]) AS w(doc_key) ON w.doc_key = s.doc_key "
-            "ON CONFLICT (id) DO UPDATE SET sparse = EXCLUDED.sparse, "
-            f"sparse_model = EXCLUDED.sparse_model, metadata = {_NEWER_METADATA}, "
-            "requested_ms = greatest(t.requested_ms, EXCLUDED.requested_ms), "
-            "updated_at = EXCLUDED.updated_at"
-        ).format(table=self._table, staging=sql.Identifier(_SPARSE_STAGING))
-        copy = sql.SQL(
-            "COPY {staging} (id, sparse, metadata, model, requested_ms, doc_key) "
-            "FROM STDIN WITH (FORMAT BINARY)"
-        ).format(staging=sql.Identifier(_SPARSE_STAGING))
-        keys, versions, request_ids, _ = batch_documents(rows).columns()
-        data = sparse_copy_data(rows)
+        """One transaction of sparse rows (``sink.postgres.sparse.write_sparse``)."""
         try:
             conn = self._writer_connection(writer)
-            self._ensure_sparse_staging(writer, conn)
+            if self._sparse_staging_on.get(writer) is not conn:
+                conn.execute(self._sparse.staging)
+                self._sparse_staging_on[writer] = conn
             with conn.transaction(), conn.cursor() as cursor:
-                with cursor.copy(copy) as pipe:
-                    pipe.write(data)
-                cursor.execute(claim, [keys, versions, request_ids])
-                won = [key for (key,) in cursor.fetchall()]
-                if won:
-                    cursor.execute(move, [won])
+                write_sparse(cursor, self._sparse, rows)
         except psycopg.Error as exc:
             raise self._classified(writer, exc) from None
-
-    def _ensure_sparse_staging(self, writer: int, conn: psycopg.Connection[Any]) -> None:
-        """The connection's staging table for sparse rows (an unconstrained ``sparsevec``)."""
-        if self._sparse_staging_on.get(writer) is conn:
-            return
-        conn.execute(
-            sql.SQL(
-                "CREATE TEMPORARY TABLE IF NOT EXISTS {staging} (id text NOT NULL, "
-                "sparse sparsevec NOT NULL, metadata jsonb NOT NULL, model text NOT NULL, "
-                "requested_ms bigint NOT NULL, doc_key text NOT NULL) ON COMMIT DELETE ROWS"
-            ).format(staging=sql.Identifier(_SPARSE_STAGING))
-        )
-        self._sparse_staging_on[writer] = conn
 
     def _classified(self, writer: int, exc: psycopg.Error) -> Exception:
         """The store's error for a failed write, by SQLSTATE class (``sink.postgres.errors``)."""
@@ -482,22 +391,6 @@ class PostgresStore:
             self._close_writer(writer)  # reconnect on the next try
             return TransientWriteError(self._describe("write failed", exc))
         return TargetError(self._describe("write failed", exc))
-
-    def _ensure_staging(self, writer: int, conn: psycopg.Connection[Any]) -> None:
-        """The connection's staging table: an unconstrained ``vector`` column, so a vector
-        of another dimension fails at the INSERT into the table (a DataError, rows refused)
-        as it would have failed writing there directly."""
-        if self._staging_on.get(writer) is conn:
-            return
-        conn.execute(
-            sql.SQL(
-                "CREATE TEMPORARY TABLE IF NOT EXISTS {staging} (id text NOT NULL, "
-                "vector vector NOT NULL, metadata jsonb NOT NULL, model text NOT NULL, "
-                "requested_ms bigint NOT NULL, doc_key text NOT NULL, chunk_index integer) "
-                "ON COMMIT DELETE ROWS"
-            ).format(staging=sql.Identifier(_STAGING))
-        )
-        self._staging_on[writer] = conn
 
     def _describe(self, what: str, exc: BaseException) -> str:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
