@@ -20,6 +20,12 @@ workers' ``max_client_batch_size`` and its result (chunks x vector bytes) agains
 ``chunks_per_request`` chunks (at most ``batch_size`` documents; a document alone may
 exceed it), the estimate taking 3 characters per token (most text has more, so it errs on
 the small side).
+
+With ``sparse_model`` each batch is also sent as a sparse request (``submit_sparse``: the
+same keys, metadata, ``reply_to`` and ``meta``; ``sparse_top_k`` caps each document's
+terms), so a sink writes both kinds of each document (one row per key in PostgreSQL);
+``dense=False`` sends the sparse requests only. Sparse requests are not chunked: one
+sparse vector per document, over its first window (truncated).
 """
 
 from __future__ import annotations
@@ -99,6 +105,12 @@ class Submitter(Protocol):
         takes from its own (see :meth:`producer_sdk.EmbedClient.submit`)."""
         ...
 
+    @property
+    def submit_sparse(self) -> Callable[..., Awaitable[str]]:
+        """``submit_sparse(texts, keys=..., metadata=..., **options)``, with
+        ``sparse_model`` (see :meth:`producer_sdk.EmbedClient.submit_sparse`)."""
+        ...
+
 
 ProgressCallback = Callable[[IngestSummary], None]
 
@@ -122,6 +134,9 @@ async def ingest(
     chunking: Chunking | None = None,
     chunk_pooling: str = "none",
     chunks_per_request: int = 256,
+    sparse_model: str | None = None,
+    sparse_top_k: int | None = None,
+    dense: bool = True,
 ) -> IngestSummary:
     """Submit ``documents`` in requests of ``batch_size`` (the last may be smaller), with at
     most ``max_in_flight`` requests awaiting the broker at once; return the totals.
@@ -154,6 +169,18 @@ async def ingest(
             f"chunks_per_request must be a positive integer, not {chunks_per_request!r}"
         )
     check_chunk_options(chunking, chunk_pooling)
+    if not dense and sparse_model is None:
+        raise ValueError("dense=False needs sparse_model: nothing would be sent")
+    if sparse_top_k is not None and sparse_model is None:
+        raise ValueError("sparse_top_k needs sparse_model")
+    sparse_options: dict[str, Any] = {
+        "reply_to": reply_to,
+        "model": sparse_model,
+        "bulk": bulk,
+        "meta": meta,
+        "prompt": prompt,
+        "top_k": sparse_top_k,
+    }
     if chunk_pooling == "mean":
         meta = {**(meta or {}), CHUNK_POOLING_META: "mean"}
     options: dict[str, Any] = {
@@ -173,7 +200,9 @@ async def ingest(
     totals = _Totals(time.monotonic())
 
     async def send(batch: list[Document]) -> None:
-        requests = await _submit(client, batch, options)
+        requests = await _submit(client.submit, batch, options) if dense else 0
+        if sparse_model is not None:
+            requests += await _submit(client.submit_sparse, batch, sparse_options)
         totals.add(batch, requests)
         if on_progress is not None:
             on_progress(totals.summary())
@@ -226,11 +255,13 @@ class _Totals:
         return IngestSummary(self.documents, self.requests, self.bytes, seconds)
 
 
-async def _submit(client: Submitter, batch: list[Document], options: dict[str, Any]) -> int:
+async def _submit(
+    submit: Callable[..., Awaitable[str]], batch: list[Document], options: dict[str, Any]
+) -> int:
     """Submit one batch, halving it while its request is too large; return the requests."""
     has_metadata = any(doc.metadata is not None for doc in batch)
     try:
-        await client.submit(
+        await submit(
             [doc.text for doc in batch],
             keys=[doc.id for doc in batch],
             metadata=[doc.metadata for doc in batch] if has_metadata else None,
@@ -242,8 +273,8 @@ async def _submit(client: Submitter, batch: list[Document], options: dict[str, A
                 exc.size, exc.limit, f" for document {batch[0].id!r} alone"
             ) from None
         half = len(batch) // 2
-        return await _submit(client, batch[:half], options) + await _submit(
-            client, batch[half:], options
+        return await _submit(submit, batch[:half], options) + await _submit(
+            submit, batch[half:], options
         )
     return 1
 

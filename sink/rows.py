@@ -237,6 +237,7 @@ def _sparse_rows(result: SparseResult, keys: tuple[str, ...], version: int) -> R
     if refusal is not None:
         return Refused(*refusal, request_id=result.id, keys=keys)
     meta = dict(result.meta or {})
+    meta.pop(CHUNK_POOLING_KEY, None)  # a dense request's convention: not stored
     docs, bad_docs = _docs(meta, result.count)
     if bad_docs is not None:
         return Refused(INVALID_RESULT, bad_docs, request_id=result.id, keys=keys)

@@ -102,6 +102,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "max_client_batch_size (default: %(default)s)",
     )
     parser.add_argument(
+        "--sparse-model",
+        default=None,
+        metavar="NAME",
+        help="also send each batch to this sparse (SPLADE-style) encoder: a sink writes both "
+        "kinds of each document (not chunked: one sparse vector per document)",
+    )
+    parser.add_argument(
+        "--sparse-top-k",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="with --sparse-model: keep each document's N largest term weights (pgvector's "
+        "HNSW index holds at most 1000)",
+    )
+    parser.add_argument(
+        "--no-dense",
+        action="store_true",
+        help="with --sparse-model: send the sparse requests only",
+    )
+    parser.add_argument(
         "--skip-invalid", action="store_true", help="skip and count bad lines instead of failing"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -130,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
         chunk_overlap=args.chunk_overlap,
         chunk_pooling=args.chunk_pooling,
         chunks_per_request=args.chunks_per_request,
+        sparse_model=args.sparse_model,
+        sparse_top_k=args.sparse_top_k,
+        dense=not args.no_dense,
         skip_invalid=args.skip_invalid,
         quiet=args.quiet,
     )
@@ -157,6 +180,10 @@ class IngestCommand:
     chunk_overlap: int = 0
     chunk_pooling: str = "none"
     chunks_per_request: int = 256
+    sparse_model: str | None = None
+    """Also send each batch to this sparse encoder."""
+    sparse_top_k: int | None = None
+    dense: bool = True
     skip_invalid: bool = False
     quiet: bool = False
 
@@ -258,6 +285,9 @@ async def _ingest(
             chunking=command.chunking(),
             chunk_pooling=command.chunk_pooling,
             chunks_per_request=command.chunks_per_request,
+            sparse_model=command.sparse_model,
+            sparse_top_k=command.sparse_top_k,
+            dense=command.dense,
         )
 
 

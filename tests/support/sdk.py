@@ -123,6 +123,8 @@ class FakeClient(EmbedClient):
         """The number (from 0) of the submit call that fails after its delay."""
         self.in_flight = self.peak = 0
         self.calls: list[Call] = []
+        self.methods: list[str] = []
+        """The method of each call in ``calls``."""
         self.threads: set[int] = set()
         self.loops: set[int] = set()
         self.started = self.closed = False
@@ -140,6 +142,7 @@ class FakeClient(EmbedClient):
         # Only the keywords: the positional parameters have no defaults to fill in.
         bound.apply_defaults()
         self.calls.append((texts, bound.arguments))
+        self.methods.append(method)
         return bound.arguments
 
     async def _answering(self, options: dict[str, Any]) -> None:
@@ -247,6 +250,17 @@ class FakeClient(EmbedClient):
                 raise ClientClosedError("the broker went away")
         finally:
             self.in_flight -= 1
+        request_id: str | None = keywords["request_id"]
+        return request_id or f"r{number}"
+
+    async def submit_sparse(self, texts: Sequence[str], **options: Any) -> str:
+        """As :meth:`submit`, recorded as ``submit_sparse``."""
+        size = sum(len(text) for text in texts)
+        if self.max_bytes is not None and size > self.max_bytes:
+            raise RequestTooLargeError(size, self.max_bytes)
+        number = len(self.calls)
+        keywords = self._called("submit_sparse", list(texts), options)
+        await asyncio.sleep(self.delay)
         request_id: str | None = keywords["request_id"]
         return request_id or f"r{number}"
 
