@@ -322,3 +322,35 @@ async def test_dense_and_sparse_results_of_a_document_share_its_row_in_postgres(
         weights = np.zeros(vocab, np.float32)
         weights[np.frombuffer(raw[12:], ">i4", nnz)] = np.frombuffer(raw[12 + 4 * nnz :], ">f4")
         assert float(np.abs(weights - reference[i]).max()) <= 1e-4, key
+
+
+async def test_the_hybrid_benchmark_ingests_both_kinds_and_scores_three_rankings(
+    kafka: LocalKafka, postgres: LocalPostgres, sparse_worker: WorkerProcess, tmp_path: Path
+) -> None:
+    """``loadtest.hybrid.measure`` on a small corpus (the tiny SPLADE model standing in):
+    every document's row holds both kinds, each kind's ingest rate is measured, and the
+    dense ranking of the bundled model finds most paraphrases (its quality is real; the
+    sparse and fused figures are mechanics only)."""
+    from loadtest.hybrid import build_corpus, measure
+
+    corpus = build_corpus(120, 40, seed=1)
+    figures = await measure(
+        kafka,
+        postgres,
+        corpus,
+        tmp_path,
+        bulk_topic=BULK,
+        requests_topic=REQUESTS,
+        reply_topic=RESULTS,
+        top_k=64,
+        timeout=300,
+    )
+    assert (figures["rows"], figures["rows_with_both"]) == (120, 120)
+    assert figures["ingest"]["dense_docs_per_s"] > 0
+    assert figures["ingest"]["sparse_docs_per_s"] > 0
+    assert 0 < figures["mean_sparse_terms"] <= 64
+    retrieval = figures["retrieval"]
+    assert retrieval["dense"]["top1"] >= 0.7
+    assert retrieval["dense"]["recall_at_10"] >= retrieval["dense"]["top1"]
+    for method in ("sparse", "rrf"):
+        assert 0 <= retrieval[method]["top1"] <= retrieval[method]["recall_at_10"] <= 1
