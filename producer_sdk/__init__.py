@@ -28,7 +28,8 @@ from producer_sdk.errors import (
     UnexpectedEncodingError,
     UnexpectedResultError,
 )
-from producer_sdk.ingest import Document, IngestSummary, JsonlError, JsonlReader, ingest
+from producer_sdk.ingest import Document, IngestSummary, ingest
+from producer_sdk.jsonl import JsonlError, JsonlReader
 from producer_sdk.rerank import RankedDocument, Reranked
 from producer_sdk.sparse import SparseEmbeddings, SparseVector
 from producer_sdk.sync import SyncEmbedClient

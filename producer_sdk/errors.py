@@ -159,7 +159,7 @@ class IngestError(KembedError):
     """``ingest()`` stopped before the end of its documents.
 
     ``cause`` is what stopped it (also the ``__cause__``): a bad document (ValueError, a
-    :class:`~producer_sdk.ingest.JsonlError` from the JSONL reader), or a failed submit (a
+    :class:`~producer_sdk.jsonl.JsonlError` from the JSONL reader), or a failed submit (a
     :class:`KembedError` such as AuthorizationError, or a Kafka error). ``summary`` counts
     what the broker had acknowledged when it stopped: those requests are in Kafka and will
     be answered; nothing after them was sent.

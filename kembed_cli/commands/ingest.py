@@ -36,7 +36,8 @@ from kembed_shared.kafka.errors import KafkaError
 from kembed_shared.settings import KafkaClientSettings
 from producer_sdk.client import EmbedClient
 from producer_sdk.errors import IngestError, KembedError, RequestTooLargeError
-from producer_sdk.ingest import IngestSummary, JsonlError, JsonlReader, ingest
+from producer_sdk.ingest import IngestSummary, ingest
+from producer_sdk.jsonl import JsonlError, JsonlReader
 from schemas import Chunking, Encoding
 from schemas.codec import is_valid_topic
 from worker.settings import WorkerSettings
