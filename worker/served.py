@@ -42,6 +42,9 @@ class ServedModel:
     activation: str = "sigmoid"
     """A reranker's activation (``worker.kinds.rerank.ACTIVATIONS``), applied to its logits
     unless a request asks for raw scores."""
+    max_active_dims: int | None = None
+    """A sparse encoder's cap on each text's weights (its folder's ``max_active_dims``),
+    when a request gives no ``top_k``; None: all."""
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -163,6 +166,11 @@ def load_served_model(settings: WorkerSettings, spec: ModelSpec) -> ServedModel:
     requests_topic, bulk_topic = settings.topics_of(spec)
     kind = model_kind(settings.for_model(spec), encoder.info.path)
     activation = getattr(encoder, "activation", "sigmoid") if kind == Kind.RERANK else "sigmoid"
+    max_active_dims = None
+    if kind == Kind.SPARSE:
+        from worker.encoder.sparse_folder import read_sparse
+
+        max_active_dims = read_sparse(encoder.info.path).max_active_dims
     return ServedModel(
         name=name,
         encoder=encoder,
@@ -174,6 +182,7 @@ def load_served_model(settings: WorkerSettings, spec: ModelSpec) -> ServedModel:
         bulk_topic=bulk_topic,
         kind=kind,
         activation=activation,
+        max_active_dims=max_active_dims,
     )
 
 

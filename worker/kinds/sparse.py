@@ -95,13 +95,12 @@ class SparseKind(ModelKind):
     def result(self, job: Finished, max_bytes: int) -> bytes:
         request = job.request
         assert isinstance(request, SparseRequest)
-        top_k = getattr(job.model.encoder, "sparse", None)
         return encode_weights(
             request,
             job.vectors,
             job.tokens,
             job.model.name,
-            top_k.max_active_dims if top_k is not None else None,
+            job.model.max_active_dims,
             max_bytes,
             requested_ms=job.record.timestamp_ms,
         )
