@@ -52,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 import psycopg
 
+from loadtest.chunk_retrieval import HIGH_SCORE, Corpus
 from loadtest.data import load_stsb, stsb_sentences
 from loadtest.files import command_line, report_folder, save_report
 from loadtest.pipeline import SinkProcess
@@ -62,19 +63,10 @@ from scripts.worker_process import WorkerProcess
 
 __all__ = ["Corpus", "Retrieval", "build_corpus", "main", "measure", "rrf", "scores"]
 
-HIGH_SCORE = 4.0
 DEPTH = 10
 """Results per query and method (recall@10, MRR@10, the fused lists' depth)."""
 RRF_K = 60
 """Reciprocal-rank fusion's constant (the usual 60)."""
-
-
-@dataclass(frozen=True)
-class Corpus:
-    documents: list[str]
-    queries: list[str]
-    answers: list[int]
-    """``answers[q]``: the index of the document that is query ``q``'s paraphrase."""
 
 
 @dataclass(frozen=True)

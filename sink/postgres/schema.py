@@ -129,17 +129,10 @@ class PostgresSchema:
             return
         with conn.transaction():
             conn.execute(
-                sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {table} ("
-                    "id text PRIMARY KEY, "
-                    "vector vector({dim}) NOT NULL, "
-                    "metadata jsonb NOT NULL DEFAULT '{{}}'::jsonb, "
-                    "model text NOT NULL, "
-                    "requested_ms bigint NOT NULL DEFAULT 0, "
-                    "updated_at timestamptz NOT NULL DEFAULT now(), "
-                    "doc_key text NOT NULL, "
-                    "chunk_index integer)"
-                ).format(table=self._table, dim=sql.Literal(dim))
+                self._table_statement(
+                    sql.SQL("vector vector({dim}) NOT NULL").format(dim=sql.Literal(dim)),
+                    sql.SQL("model text NOT NULL"),
+                )
             )
             conn.execute(self.doc_index_statement())
             conn.execute(self.documents_statement())
@@ -242,18 +235,12 @@ class PostgresSchema:
         with conn.transaction():
             if columns is None:
                 conn.execute(
-                    sql.SQL(
-                        "CREATE TABLE {table} ("
-                        "id text PRIMARY KEY, "
-                        "metadata jsonb NOT NULL DEFAULT '{{}}'::jsonb, "
-                        "model text, "
-                        "requested_ms bigint NOT NULL DEFAULT 0, "
-                        "updated_at timestamptz NOT NULL DEFAULT now(), "
-                        "doc_key text NOT NULL, "
-                        "chunk_index integer, "
-                        "sparse sparsevec({dim}), "
-                        "sparse_model text)"
-                    ).format(table=self._table, dim=sql.Literal(dim))
+                    self._table_statement(
+                        sql.SQL("sparse sparsevec({dim}), sparse_model text").format(
+                            dim=sql.Literal(dim)
+                        ),
+                        sql.SQL("model text"),
+                    )
                 )
                 conn.execute(self.doc_index_statement())
                 conn.execute(self.documents_statement())
@@ -277,17 +264,9 @@ class PostgresSchema:
                     "bigint, ADD COLUMN IF NOT EXISTS sparse_request_id text"
                 ).format(documents=self.documents_table)
             )
-            m, ef_construction = self._hnsw
             conn.execute(
-                sql.SQL(
-                    "CREATE INDEX IF NOT EXISTS {index} ON {table} USING hnsw "
-                    "(sparse {ops}) WITH (m = {m}, ef_construction = {ef})"
-                ).format(
-                    index=sql.Identifier(self._derived_name("_sparse_hnsw")),
-                    table=self._table,
-                    ops=sql.SQL(_SPARSE_OPS[metric]),
-                    m=sql.Literal(m),
-                    ef=sql.Literal(ef_construction),
+                self.index_statement(
+                    _SPARSE_OPS[metric], "sparse", self._derived_name("_sparse_hnsw")
                 )
             )
         log.info(
@@ -315,18 +294,38 @@ class PostgresSchema:
             "requested_ms bigint NOT NULL, request_id text NOT NULL, chunks integer)"
         ).format(documents=self.documents_table)
 
-    def index_statement(self, ops: str) -> sql.Composed:
+    def index_statement(
+        self, ops: str, column: str = "vector", name: str | None = None
+    ) -> sql.Composed:
+        """The HNSW index on ``column`` (``vector``, or ``sparse``) with operator class
+        ``ops``, named ``name`` (default: the dense index's name)."""
         m, ef_construction = self._hnsw
         return sql.SQL(
             "CREATE INDEX IF NOT EXISTS {index} ON {table} USING hnsw "
-            "(vector {ops}) WITH (m = {m}, ef_construction = {ef})"
+            "({column} {ops}) WITH (m = {m}, ef_construction = {ef})"
         ).format(
-            index=sql.Identifier(self.index_name()),
+            index=sql.Identifier(name or self.index_name()),
             table=self._table,
+            column=sql.Identifier(column),
             ops=sql.SQL(ops),
             m=sql.Literal(m),
             ef=sql.Literal(ef_construction),
         )
+
+    def _table_statement(self, vectors: sql.Composable, model: sql.Composable) -> sql.Composed:
+        """CREATE TABLE of kembed's columns, with ``vectors`` (the column(s) of one kind)
+        and ``model`` (the model column, NOT NULL unless a row may lack a dense vector)."""
+        return sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {table} ("
+            "id text PRIMARY KEY, "
+            "{vectors}, "
+            "metadata jsonb NOT NULL DEFAULT '{{}}'::jsonb, "
+            "{model}, "
+            "requested_ms bigint NOT NULL DEFAULT 0, "
+            "updated_at timestamptz NOT NULL DEFAULT now(), "
+            "doc_key text NOT NULL, "
+            "chunk_index integer)"
+        ).format(table=self._table, vectors=vectors, model=model)
 
     def doc_index_statement(self) -> sql.Composed:
         """The index that finds a document's rows (one, or a few chunks, per key)."""

@@ -13,30 +13,23 @@ import numpy as np
 import psycopg
 import pytest
 from psycopg import sql
-from pydantic import SecretStr
 
 from scripts.pg_local import LocalPostgres
-from sink.postgres import PostgresStore
-from sink.registry import parse_target
 from sink.rows import Row, SparseVector
 from sink.store import DimensionMismatchError, RowsRefusedError
+from tests.integration.test_sink_postgres_write import _store
 
 pytestmark = pytest.mark.integration
-
-DIM = 8
-VOCAB = 30522
-
-
-def _store(postgres: LocalPostgres, table: str) -> PostgresStore:
-    store = PostgresStore(parse_target(postgres.dsn, SecretStr(postgres.password)), table)
-    store.open()
-    return store
 
 
 @pytest.fixture
 def conn(postgres: LocalPostgres) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(postgres.dsn, password=postgres.password, autocommit=True) as c:
         yield c
+
+
+DIM = 8
+VOCAB = 30522
 
 
 def _sparse(rng: np.random.Generator, nnz: int) -> SparseVector:
