@@ -233,6 +233,16 @@ class PostgresSchema:
             return
         columns = self._columns(conn)
         with conn.transaction():
+            documents = self.documents_table.as_string(conn)
+            if conn.execute("SELECT to_regclass(%s)", [documents]).fetchone() != (None,):
+                # Writers lock the documents table (their claims), then the table: so does
+                # this change of both, or a writer that claimed, waiting for the table,
+                # and this change, waiting for the documents table, would deadlock.
+                conn.execute(
+                    sql.SQL("LOCK TABLE {documents} IN ACCESS EXCLUSIVE MODE").format(
+                        documents=self.documents_table
+                    )
+                )
             if columns is None:
                 conn.execute(
                     self._table_statement(

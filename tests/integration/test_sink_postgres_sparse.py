@@ -6,7 +6,9 @@ sparse results first, and sparse vectors too large for the index refused."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -302,3 +304,116 @@ def test_a_sparse_vector_over_the_index_limit_is_refused_and_nothing_written(
     assert refused.value.code == "limit_exceeded"
     assert "1000" in str(refused.value)
     assert set(_stored(conn, "sparse_limit")) == {"ok", "small"}
+
+
+def test_dense_and_sparse_writers_at_once_leave_each_kind_at_its_newest_version(
+    postgres: LocalPostgres, conn: psycopg.Connection[Any]
+) -> None:
+    """Two stores (two sinks) write one table at once, one dense versions (per input and in
+    chunks) and one sparse versions of the same documents, in shuffled orders, the sparse
+    column added by the sparse writer while the dense one is writing: every document ends
+    with its newest dense version's rows and its newest sparse vector, nothing lost, no
+    deadlock."""
+    keys = [f"k{i}" for i in range(30)]
+    rng = np.random.default_rng(11)
+    dense_batches = []
+    for round_ in range(12):
+        version = 1_000 + int(rng.integers(0, 50)) * 10 + round_  # unique per round
+        chosen = [k for k in keys if rng.random() < 0.6]
+        rows: list[Row] = []
+        for k in chosen:
+            chunks = int(rng.integers(0, 3))
+            rows += (
+                _chunk_rows(k, chunks, version, round_)
+                if chunks
+                else _dense_rows([k], version, round_)
+            )
+        dense_batches.append(rows)
+    sparse_batches = [
+        _sparse_rows([k for k in keys if rng.random() < 0.6], 1_000 + int(v), seed=int(v))
+        for v in rng.permutation(np.arange(12) * 7 + 1)
+    ]
+    store = _store(postgres, "sparse_race")
+    store.create(DIM, "cosine")
+    store.close()
+    barrier = threading.Barrier(2)
+
+    def write(batches: list[list[Row]], sparse: bool) -> None:
+        writer = _store(postgres, "sparse_race")
+        try:
+            barrier.wait()
+            for index, batch in enumerate(batches):
+                if sparse and index == 1:
+                    writer.create_sparse(VOCAB, "inner_product")  # mid-stream
+                if batch and (not sparse or index >= 1):
+                    writer.upsert(batch)
+        finally:
+            writer.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        done = [
+            pool.submit(write, dense_batches, False),
+            pool.submit(write, sparse_batches, True),
+        ]
+        for future in done:
+            future.result(timeout=120)
+    newest_dense: dict[str, list[Row]] = {}
+    for batch in dense_batches:
+        for doc in {row.document for row in batch}:
+            rows = [row for row in batch if row.document == doc]
+            if doc not in newest_dense or newest_dense[doc][0].version < rows[0].version:
+                newest_dense[doc] = rows
+    newest_sparse: dict[str, Row] = {}
+    for batch in sparse_batches[1:]:  # the first came before the column: never written
+        for row in batch:
+            if row.id not in newest_sparse or newest_sparse[row.id].version < row.version:
+                newest_sparse[row.id] = row
+    stored = _stored(conn, "sparse_race")
+    expected_ids = {row.id for rows in newest_dense.values() for row in rows}
+    expected_ids |= set(newest_sparse)
+    assert set(stored) == expected_ids
+    for doc, rows in newest_dense.items():
+        for row in rows:
+            assert stored[row.id]["dense"], row.id
+        if doc in newest_sparse and doc not in {row.id for row in rows}:
+            assert stored[doc]["dense"] is False  # the chunks hold the dense vectors
+    for key, row in newest_sparse.items():
+        assert _same(stored[key]["sparse"], row), key
+
+
+def test_adding_the_sparse_column_waits_for_a_writer_that_claimed_documents(
+    postgres: LocalPostgres, conn: psycopg.Connection[Any]
+) -> None:
+    """A dense write that has claimed its documents (their rows in the documents table
+    locked) and not yet written the table, while a sparse sink adds its column: the
+    change waits for the documents table before it takes the table, so the write goes on
+    and both finish (locking the table first would deadlock, and PostgreSQL would abort
+    one of the two)."""
+    store = _store(postgres, "sparse_lock_order")
+    store.create(DIM, "cosine")
+    store.upsert(_dense_rows(["a"], 1_000, seed=1))
+    store.close()
+    adder = _store(postgres, "sparse_lock_order")
+    with psycopg.connect(postgres.dsn, password=postgres.password) as writer:
+        writer.execute(  # a dense write's claim: the document's row locked to the commit
+            "UPDATE sparse_lock_order_documents SET requested_ms = 2000 WHERE doc_key = 'a'"
+        )
+        with ThreadPoolExecutor(1) as pool:
+            added = pool.submit(adder.create_sparse, VOCAB, "inner_product")
+            for _ in range(200):  # until the change waits on the writer's lock
+                waiting = conn.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                if (waiting.fetchone() or (0,))[0]:
+                    break
+                threading.Event().wait(0.05)
+            writer.execute("DELETE FROM sparse_lock_order WHERE doc_key = 'a'")  # the write
+            writer.commit()
+            added.result(timeout=60)
+    adder.close()
+    assert conn.execute("SELECT count(*) FROM sparse_lock_order").fetchone() == (0,)
+    columns = {
+        name
+        for (name,) in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'sparse_lock_order'::regclass"
+        ).fetchall()
+    }
+    assert {"sparse", "sparse_model"} <= columns
