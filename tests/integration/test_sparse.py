@@ -233,7 +233,7 @@ def _sparse_literal(ids: npt.NDArray[Any], values: npt.NDArray[Any], vocab: int)
     return f"{{{terms}}}/{vocab}"
 
 
-async def test_dense_and_sparse_results_of_a_document_share_its_row_in_postgres(
+async def test_sparse_results_reach_postgres_beside_the_dense_ones_and_milvus(
     kafka: LocalKafka,
     postgres: LocalPostgres,
     sparse_worker: WorkerProcess,
@@ -248,7 +248,9 @@ async def test_dense_and_sparse_results_of_a_document_share_its_row_in_postgres(
     into PostgreSQL: one row per key holds both vectors; each sparse vector is
     sentence-transformers' within 1e-4 (the edited ones the new text's, their dense vector
     the old text's: each kind keeps its own version); a query by a document's sparse vector
-    (and by its dense one) finds that document first."""
+    (and by its dense one) finds that document first. Then a Milvus Lite sink on the same
+    topic: its sparse companion collection holds the very terms PostgreSQL holds, and its
+    search returns the document of the largest inner product."""
     create_topics(kafka, INGEST)
     texts = family_mix + list(dict.fromkeys(family_sentences[400:520]))[:113]  # distinct
     keys = [f"doc-{i}" for i in range(len(texts))]
@@ -322,6 +324,65 @@ async def test_dense_and_sparse_results_of_a_document_share_its_row_in_postgres(
         weights = np.zeros(vocab, np.float32)
         weights[np.frombuffer(raw[12:], ">i4", nnz)] = np.frombuffer(raw[12 + 4 * nnz :], ">f4")
         assert float(np.abs(weights - reference[i]).max()) <= 1e-4, key
+    # The same topic into Milvus Lite: the sparse companion collection holds the very terms
+    # PostgreSQL holds (each document's newest sparse version), and a search finds doc 9.
+    path = tmp_path / "sparse.db"
+    milvus_group = f"sink-sparse-milvus-{TAG}"
+    milvus_sink = start_sink(
+        kafka,
+        tmp_path / "milvus-sink.log",
+        target=f"milvus://{path}",
+        table="sparse_docs",
+        results_topic=INGEST,
+        group_id=milvus_group,
+    )
+    try:
+        await wait_drained(kafka.bootstrap_servers, INGEST, milvus_group, requests, milvus_sink)
+    finally:
+        assert milvus_sink.stop() == 0  # the Lite file is free for this process afterwards
+    from pymilvus import MilvusClient
+
+    client = MilvusClient(str(path))
+    try:
+        client.load_collection("sparse_docs_sparse")
+        client.load_collection("sparse_docs")
+        hits = client.query(
+            "sparse_docs_sparse", filter='id != ""', output_fields=["sparse"], limit=1000
+        )
+        found = client.search(
+            "sparse_docs_sparse",
+            data=[dict(zip(ids.tolist(), values.tolist(), strict=True))],
+            anns_field="sparse",
+            limit=1,
+            search_params={"metric_type": "IP"},
+        )
+        dense_count = len(client.query("sparse_docs", filter='id != ""', limit=1000))
+    finally:
+        client.close()
+    assert dense_count == len(keys)
+    assert {hit["id"] for hit in hits} == set(keys)
+    for hit in hits:
+        raw = stored[hit["id"]][0]
+        nnz = int(np.frombuffer(raw[4:8], ">i4")[0])
+        terms = sorted(hit["sparse"].items())
+        assert [i for i, _ in terms] == np.frombuffer(raw[12:], ">i4", nnz).tolist()
+        milvus_values = np.array([v for _, v in terms], np.float32)
+        assert (
+            milvus_values.tobytes()
+            == np.frombuffer(raw[12 + 4 * nnz :], ">f4").astype(np.float32).tobytes()
+        ), hit["id"]
+    # Inner product, the only sparse metric Milvus has: its best match is the document with
+    # the largest inner product with the query over the stored terms (computed here).
+    query_dense = np.zeros(30522, np.float32)
+    query_dense[ids] = values
+    products = {}
+    for key in keys:
+        raw = stored[key][0]
+        nnz = int(np.frombuffer(raw[4:8], ">i4")[0])
+        doc_ids = np.frombuffer(raw[12:], ">i4", nnz)
+        products[key] = float(query_dense[doc_ids] @ np.frombuffer(raw[12 + 4 * nnz :], ">f4"))
+    assert found[0][0]["id"] == max(products, key=products.__getitem__)
+    assert found[0][0]["distance"] == pytest.approx(max(products.values()), rel=1e-4)
 
 
 async def test_the_hybrid_benchmark_ingests_both_kinds_and_scores_three_rankings(
