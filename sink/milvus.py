@@ -278,9 +278,15 @@ class MilvusStore:
         now_ms = int(time.time() * 1000)
         try:
             kept, _ = self._by_document(newest(rows), self._sparse_collection)
-            data = [self._sparse_entity(row, now_ms) for row in kept]
+            # Milvus stores no sparse vector without a nonzero weight: a text whose every
+            # term weighs zero has no row (its stored one, of an older version, goes).
+            data = [self._sparse_entity(row, now_ms) for row in kept if len(row.sparse)]
+            empty = [row.id for row in kept if not len(row.sparse)]
             if data:
                 self._connected().upsert(self._sparse_collection, data)
+            for start in range(0, len(empty), _IDS_PER_QUERY):
+                part = empty[start : start + _IDS_PER_QUERY]
+                self._connected().delete(self._sparse_collection, filter=_in("id", part))
         except Exception as exc:  # noqa: BLE001 (classified as for dense rows)
             raise self._classified(exc) from None
 

@@ -6,6 +6,7 @@ version, a search by a document's sparse vector finding it, another vocabulary r
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 
 from sink.milvus import MilvusStore
 from sink.registry import parse_target
-from sink.rows import Row
+from sink.rows import Row, SparseVector
 from sink.store import DimensionMismatchError
 from tests.integration.test_sink_postgres_sparse import DIM, VOCAB, _dense_rows, _sparse_rows
 
@@ -102,3 +103,21 @@ def test_milvus_sparse_collection_is_inner_product_whatever_the_metric(
         assert again.sparse_dim() == VOCAB
     finally:
         again.close()
+
+
+def test_a_sparse_vector_without_terms_has_no_milvus_row_and_spoils_no_batch(
+    store: MilvusStore,
+) -> None:
+    """Milvus refuses a sparse vector with no nonzero weight (a text whose every term
+    weighs zero): such a document has no row (an older one of it is deleted), and the rest
+    of its batch is written."""
+    store.create_sparse(VOCAB, "inner_product")
+    store.upsert(_sparse_rows(["a", "b", "c"], 1_000, seed=1))
+    rows = _sparse_rows(["a", "b", "c"], 2_000, seed=2)
+    empty = SparseVector(np.zeros(0, np.int32), np.zeros(0, np.float32), VOCAB)
+    rows[1] = replace(rows[1], vector=empty)
+    store.upsert(rows)
+    stored = _sparse_stored(store)
+    assert set(stored) == {"a", "c"}
+    assert _same(stored["a"]["sparse"], rows[0])
+    assert _same(stored["c"]["sparse"], rows[2])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -417,3 +418,22 @@ def test_adding_the_sparse_column_waits_for_a_writer_that_claimed_documents(
         ).fetchall()
     }
     assert {"sparse", "sparse_model"} <= columns
+
+
+def test_a_sparse_vector_without_terms_is_stored_empty_in_postgres(
+    postgres: LocalPostgres, conn: psycopg.Connection[Any]
+) -> None:
+    """A text whose every term weighs zero: its row holds an empty sparsevec (pgvector
+    takes it, index and all), beside the others of its batch."""
+    store = _store(postgres, "sparse_empty")
+    try:
+        store.create_sparse(VOCAB, "inner_product")
+        rows = _sparse_rows(["a", "b"], 1_000, seed=1)
+        empty = SparseVector(np.zeros(0, np.int32), np.zeros(0, np.float32), VOCAB)
+        rows[1] = replace(rows[1], vector=empty)
+        store.upsert(rows)
+    finally:
+        store.close()
+    stored = _stored(conn, "sparse_empty")
+    assert _same(stored["a"]["sparse"], rows[0])
+    assert _same(stored["b"]["sparse"], rows[1])
