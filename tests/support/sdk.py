@@ -237,11 +237,18 @@ class FakeClient(EmbedClient):
         return Decoding(self.model_name, texts)
 
     async def submit(self, texts: Sequence[str], **options: Any) -> str:
+        return await self._submitted("submit", texts, options)
+
+    async def submit_sparse(self, texts: Sequence[str], **options: Any) -> str:
+        """As :meth:`submit`, recorded as ``submit_sparse``."""
+        return await self._submitted("submit_sparse", texts, options)
+
+    async def _submitted(self, method: str, texts: Sequence[str], options: dict[str, Any]) -> str:
         size = sum(len(text) for text in texts)
         if self.max_bytes is not None and size > self.max_bytes:
             raise RequestTooLargeError(size, self.max_bytes)
         number = len(self.calls)
-        keywords = self._called("submit", list(texts), options)
+        keywords = self._called(method, list(texts), options)
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         try:
@@ -250,17 +257,6 @@ class FakeClient(EmbedClient):
                 raise ClientClosedError("the broker went away")
         finally:
             self.in_flight -= 1
-        request_id: str | None = keywords["request_id"]
-        return request_id or f"r{number}"
-
-    async def submit_sparse(self, texts: Sequence[str], **options: Any) -> str:
-        """As :meth:`submit`, recorded as ``submit_sparse``."""
-        size = sum(len(text) for text in texts)
-        if self.max_bytes is not None and size > self.max_bytes:
-            raise RequestTooLargeError(size, self.max_bytes)
-        number = len(self.calls)
-        keywords = self._called("submit_sparse", list(texts), options)
-        await asyncio.sleep(self.delay)
         request_id: str | None = keywords["request_id"]
         return request_id or f"r{number}"
 
