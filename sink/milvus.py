@@ -47,11 +47,8 @@ from pymilvus import DataType, MilvusClient
 from pymilvus.exceptions import (
     ConnectError,
     ConnectionConfigException,
-    DataNotMatchException,
-    DataTypeNotMatchException,
     MilvusException,
     MilvusUnavailableException,
-    ParamError,
 )
 
 from sink.rows import MAX_ID_BYTES, Row, newest
@@ -287,7 +284,7 @@ class MilvusStore:
             for start in range(0, len(empty), _IDS_PER_QUERY):
                 part = empty[start : start + _IDS_PER_QUERY]
                 self._connected().delete(self._sparse_collection, filter=_in("id", part))
-        except Exception as exc:  # noqa: BLE001 (classified as for dense rows)
+        except MilvusException as exc:
             raise self._classified(exc) from None
 
     def _sparse_entity(self, row: Row, now_ms: int) -> dict[str, Any]:
@@ -304,13 +301,15 @@ class MilvusStore:
             "request_id": row.request_id[:_REQUEST_ID_BYTES],
         }
 
-    def _classified(self, exc: Exception) -> Exception:
+    def _classified(self, exc: MilvusException) -> Exception:
+        """The store's error for a failed write: transient when Milvus is unreachable
+        (reconnect and retry), otherwise rows refused (a value too long, a malformed
+        request, data of the wrong type: the sink writes result by result and
+        dead-letters the one refused)."""
         if isinstance(exc, MilvusUnavailableException | ConnectError):
             self.close()
             return TransientWriteError(self._describe("write failed", exc))
-        if isinstance(exc, MilvusException | ParamError):
-            return RowsRefusedError(self._describe("rows refused", exc))
-        return exc
+        return RowsRefusedError(self._describe("rows refused", exc))
 
     def _upsert_dense(self, rows: Sequence[Row]) -> None:
         now_ms = int(time.time() * 1000)
@@ -328,15 +327,8 @@ class MilvusStore:
             for start in range(0, len(stale), _IDS_PER_QUERY):
                 part = stale[start : start + _IDS_PER_QUERY]
                 self._connected().delete(self._collection, filter=_in("id", part))
-        except (MilvusUnavailableException, ConnectError) as exc:
-            self.close()
-            raise TransientWriteError(self._describe("write failed", exc)) from None
-        except (ParamError, DataNotMatchException, DataTypeNotMatchException) as exc:
-            raise RowsRefusedError(self._describe("rows refused", exc)) from None
         except MilvusException as exc:
-            # Anything else Milvus says no to (a value too long, a malformed request): the
-            # sink writes result by result and dead-letters the one refused.
-            raise RowsRefusedError(self._describe("rows refused", exc)) from None
+            raise self._classified(exc) from None
 
     @staticmethod
     def _scalar_fields(schema: Any) -> None:
